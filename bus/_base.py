@@ -1,0 +1,247 @@
+"""The bus between gateways and session workers: the one seam where gateway/ and nodes/ meet.
+
+A call has two ordered streams of events:
+
+* **uplink** (gateway -> worker): what happened on the line: ``call_started``, ``speech_started``,
+  ``speech_stopped``, ``interrupt``, ``interrupt_suppressed``, ``transcript``, ``dtmf``,
+  ``playback`` (what the caller has heard, from Twilio marks), ``call_ended``.
+* **downlink** (worker -> gateway): what the bot says and does: ``utterance_start``
+  {utterance_id, node, interruptible, text}, ``audio`` {utterance_id, payload: base64 mu-law
+  8 kHz}, ``utterance_end`` {utterance_id}, ``hangup``, ``transfer`` {to}.
+
+New calls are announced on a pool-wide stream that workers consume as a group, so each call is
+owned by exactly one worker at a time. Delivery is at least once: every event carries an ``eid``
+unique within its call, and consumers drop ids they have already handled.
+
+Events are plain JSON-able dicts with a ``type`` key; the bus adds ``eid`` when absent
+(``<bus_id>-<seq>``). A publisher that may re-send an event after a crash (a worker that took a
+call over re-speaking an utterance) can set its own deterministic ``eid`` so the other side
+drops the copy. Consumers receive a JSON round-trip of what was published (tuples become lists).
+
+Exactly-once handling across a worker crash: an ``uplink()`` never yields the same message (or
+``eid``) twice within one bus instance. A worker that takes a call over gets the unacked messages
+again, minus those the saved context already covers: ``save_context`` records ``through``, the
+id of the last uplink message the context reflects, and the next owner's ``uplink()`` acks and
+skips every message up to it. So a worker that handles a message, then saves its context, then
+acks it, handles each uplink event exactly once into its context, crash or not.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+import itertools
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import EventError, InvalidNameError
+
+__all__ = ["Bus", "BusMessage", "CallInfo", "Event"]
+
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """A call as announced to the worker pool."""
+
+    call_sid: str
+    stream_sid: str = ""
+    agent: str = "default"
+    from_number: str = ""
+    to_number: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call_sid": self.call_sid,
+            "stream_sid": self.stream_sid,
+            "agent": self.agent,
+            "from_number": self.from_number,
+            "to_number": self.to_number,
+            "params": dict(self.params),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CallInfo:
+        return cls(
+            call_sid=str(d["call_sid"]),
+            stream_sid=str(d.get("stream_sid", "")),
+            agent=str(d.get("agent", "default")),
+            from_number=str(d.get("from_number", "")),
+            to_number=str(d.get("to_number", "")),
+            params={str(k): str(v) for k, v in dict(d.get("params") or {}).items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BusMessage:
+    """One delivered event: ``id`` is the transport's id (what ``ack`` takes).
+
+    ``redelivered`` is true for uplink messages that an earlier owner of the call received but
+    never acked (the worker is taking the call over).
+    """
+
+    id: str
+    event: Event
+    redelivered: bool = False
+
+
+class Bus(abc.ABC):
+    """Interface shared by the embedded (in-process) bus and the Redis Streams bus.
+
+    One instance may serve both sides (a laptop ``callgate serve``) or one side; several
+    instances over one backend behave like separate processes.
+    """
+
+    def __init__(self, *, bus_id: str | None = None) -> None:
+        self.bus_id: str = bus_id or uuid.uuid4().hex[:12]
+        """This instance's name: the prefix of the eids it assigns."""
+        check_name(self.bus_id, "bus_id")
+        self._eid_seq = itertools.count(1)
+
+    async def __aenter__(self) -> Bus:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect; idempotent."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release connections and stop background tasks."""
+
+    # -- gateway side ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def open_call(self, call: CallInfo) -> None:
+        """Announce a new call to the worker pool."""
+
+    @abc.abstractmethod
+    async def publish(self, call_sid: str, event: Event) -> str:
+        """Append ``event`` to the call's uplink; returns its ``eid``. Never blocks the caller's
+        audio path for long: an implementation that loses its server buffers (bounded) and
+        flushes in order once it is back."""
+
+    @abc.abstractmethod
+    def downlink(self, call_sid: str) -> AsyncIterator[BusMessage]:
+        """The call's downlink, in order, from the start of the call; ends after ``close_call``."""
+
+    @abc.abstractmethod
+    async def close_call(self, call_sid: str) -> None:
+        """The call is over: stop its iterators and let its keys expire."""
+
+    # -- worker side ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def claim_calls(self, worker_id: str) -> AsyncIterator[CallInfo]:
+        """New calls for this worker, and calls whose worker died (claimed over)."""
+
+    @abc.abstractmethod
+    def uplink(self, call_sid: str, worker_id: str) -> AsyncIterator[BusMessage]:
+        """The call's uplink for the owning worker, unacked messages first; ends when the
+        call ends."""
+
+    @abc.abstractmethod
+    async def ack(self, call_sid: str, message_id: str) -> None:
+        """The worker has handled an uplink message."""
+
+    @abc.abstractmethod
+    async def send(self, call_sid: str, event: Event) -> str:
+        """Append ``event`` to the call's downlink; returns its ``eid``."""
+
+    @abc.abstractmethod
+    async def save_context(
+        self, call_sid: str, context: dict[str, Any], *, through: str | None = None
+    ) -> None:
+        """Keep the conversation state so another worker can resume the call.
+
+        Args:
+            call_sid: the call.
+            context: JSON-able state; replaces what was saved before.
+            through: the id of the last uplink message this context reflects; the next owner's
+                ``uplink()`` skips (and acks) messages up to it. Defaults to the last message
+                this bus's ``uplink()`` yielded for the call, which is right for the usual
+                handle -> save_context -> ack loop.
+        """
+
+    @abc.abstractmethod
+    async def load_context(self, call_sid: str) -> dict[str, Any] | None:
+        """The state saved by ``save_context``, or None."""
+
+    # -- both sides -----------------------------------------------------------------------
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every write made so far through this bus is stored on its server.
+
+        Returns False when ``timeout`` passed first (the writes stay buffered). Buses without a
+        server return True at once.
+        """
+        return True
+
+    # -- helpers for implementations ------------------------------------------------------
+    def _stamp(self, event: Event) -> tuple[Event, str, str]:
+        """Validate ``event``; returns (a copy with its ``eid``, the eid, its JSON)."""
+        if not isinstance(event, dict):
+            raise EventError(f"an event is a dict, not {type(event).__name__}")
+        kind = event.get("type")
+        if not isinstance(kind, str) or not kind:
+            raise EventError(f"an event needs a non-empty str 'type': {event!r:.200}")
+        stamped = dict(event)
+        eid = stamped.get("eid")
+        if eid is None:
+            eid = f"{self.bus_id}-{next(self._eid_seq)}"
+            stamped["eid"] = eid
+        elif not isinstance(eid, str) or not eid:
+            raise EventError(f"'eid' must be a non-empty str: {eid!r}")
+        try:
+            payload = json.dumps(stamped, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise EventError(f"event {kind!r} is not JSON-able: {exc}") from exc
+        return stamped, eid, payload
+
+
+_BAD_NAME = re.compile(r"[{}\s]")
+
+
+def check_name(name: str, what: str) -> str:
+    """Refuse names that would break the key layout (hash tags use braces)."""
+    if not isinstance(name, str) or not name or _BAD_NAME.search(name) or len(name) > 200:
+        raise InvalidNameError(f"invalid {what}: {name!r} (non-empty, no braces or whitespace)")
+    return name
+
+
+def parse_stream_id(message_id: str) -> tuple[int, int]:
+    """``"<ms>-<seq>"`` -> (ms, seq), for ordering message ids."""
+    ms, _, seq = message_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class SeenWindow:
+    """What one consumer has already yielded: the highest message id, and recent eids.
+
+    Message ids only grow within a stream, so an id at or below the high-water mark is a
+    redelivery. Eids catch the other duplicates (a publisher's retried write lands under a new
+    id); the last ``size`` eids are remembered, far more than any redelivery can reach back.
+    """
+
+    __slots__ = ("high", "_eids", "_size")
+
+    def __init__(self, size: int = 65536) -> None:
+        self.high: tuple[int, int] = (-1, -1)
+        self._eids: dict[str, None] = {}
+        self._size = size
+
+    def seen(self, id_key: tuple[int, int], eid: str | None) -> bool:
+        return id_key <= self.high or (eid is not None and eid in self._eids)
+
+    def add(self, id_key: tuple[int, int], eid: str | None) -> None:
+        if id_key > self.high:
+            self.high = id_key
+        if eid is not None:
+            self._eids[eid] = None
+            if len(self._eids) > self._size:
+                del self._eids[next(iter(self._eids))]

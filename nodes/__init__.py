@@ -1,0 +1,151 @@
+"""The agent SDK of callgate and the session worker that runs it.
+
+Agents are written against the names of smallestai 4.2-4.3's ``smallestai.atoms.agent``::
+
+    from nodes import AgentSession, OutputAgentNode, SDKSystemControlInterruptEvent
+
+    class MyAgent(OutputAgentNode):
+        async def generate_response(self):
+            yield "Hello!"
+
+    async def setup(session: AgentSession):
+        session.add_node(MyAgent())
+        await session.start()
+        await session.wait_until_complete()
+
+``SessionWorker`` runs ``setup`` for every call it claims from the bus (see ``nodes._worker``
+for the uplink and downlink events, and ``nodes._alignment`` for how a barge-in's ``heard_ms``
+becomes the text kept in the conversation).
+"""
+
+from ._alignment import AlignedChunk, UtteranceAlignment
+from ._call_control import CallControl, TwilioCallControl, transfer_twiml
+from ._context import ContextManager
+from ._errors import (
+    AgentLoadError,
+    CallControlError,
+    GraphCycleError,
+    GraphError,
+    LLMError,
+    NodesError,
+    SessionStateError,
+    ToolError,
+    ToolNotDecoratedError,
+    UnknownEventHandlerError,
+)
+from ._events import (
+    ConversationType,
+    EventType,
+    OutputAgentSettings,
+    SDKAgentControlInterruptEvent,
+    SDKAgentControlMuteUserEvent,
+    SDKAgentControlUnmuteUserEvent,
+    SDKAgentEndCallEvent,
+    SDKAgentErrorEvent,
+    SDKAgentEvent,
+    SDKAgentLLMResponseChunkEvent,
+    SDKAgentLLMResponseEndEvent,
+    SDKAgentLLMResponseStartEvent,
+    SDKAgentReadyEvent,
+    SDKAgentSpeakEvent,
+    SDKAgentTranscriptUpdateEvent,
+    SDKAgentTransferConversationEvent,
+    SDKEvent,
+    SDKSystemControlInterruptEvent,
+    SDKSystemEvent,
+    SDKSystemInitEvent,
+    SDKSystemLLMRequestEvent,
+    SDKSystemUpdateOutputAgentSettingsEvent,
+    SDKSystemUserDTMFEvent,
+    SDKSystemUserJoinedEvent,
+    SDKSystemUserStartedSpeakingEvent,
+    SDKSystemUserStoppedSpeakingEvent,
+    SessionContext,
+    TransferOption,
+    TransferOptionType,
+    parse_event,
+)
+from ._llm import ChatChunk, ChatResponse, ChatStream, OpenAIClient, ToolCall, ToolResult
+from ._node import Node
+from ._output_agent import OutputAgentNode
+from ._session import AgentSession, EventHandler, SessionState
+from ._tools import FunctionSchema, FunctionToolInfo, ToolRegistry, function_tool
+from ._tts import (
+    MULAW_BYTES_PER_MS,
+    SilenceSynthesizer,
+    Synthesizer,
+    ToneSynthesizer,
+    linear_to_mulaw,
+)
+from ._worker import AgentFactory, SessionWorker, SetupFn, load_agent
+
+__all__ = [
+    "MULAW_BYTES_PER_MS",
+    "AgentFactory",
+    "AgentLoadError",
+    "AgentSession",
+    "AlignedChunk",
+    "CallControl",
+    "CallControlError",
+    "ChatChunk",
+    "ChatResponse",
+    "ChatStream",
+    "ContextManager",
+    "ConversationType",
+    "EventHandler",
+    "EventType",
+    "FunctionSchema",
+    "FunctionToolInfo",
+    "GraphCycleError",
+    "GraphError",
+    "LLMError",
+    "Node",
+    "NodesError",
+    "OpenAIClient",
+    "OutputAgentNode",
+    "OutputAgentSettings",
+    "SDKAgentControlInterruptEvent",
+    "SDKAgentControlMuteUserEvent",
+    "SDKAgentControlUnmuteUserEvent",
+    "SDKAgentEndCallEvent",
+    "SDKAgentErrorEvent",
+    "SDKAgentEvent",
+    "SDKAgentLLMResponseChunkEvent",
+    "SDKAgentLLMResponseEndEvent",
+    "SDKAgentLLMResponseStartEvent",
+    "SDKAgentReadyEvent",
+    "SDKAgentSpeakEvent",
+    "SDKAgentTranscriptUpdateEvent",
+    "SDKAgentTransferConversationEvent",
+    "SDKEvent",
+    "SDKSystemControlInterruptEvent",
+    "SDKSystemEvent",
+    "SDKSystemInitEvent",
+    "SDKSystemLLMRequestEvent",
+    "SDKSystemUpdateOutputAgentSettingsEvent",
+    "SDKSystemUserDTMFEvent",
+    "SDKSystemUserJoinedEvent",
+    "SDKSystemUserStartedSpeakingEvent",
+    "SDKSystemUserStoppedSpeakingEvent",
+    "SessionContext",
+    "SessionState",
+    "SessionWorker",
+    "SetupFn",
+    "SilenceSynthesizer",
+    "Synthesizer",
+    "ToneSynthesizer",
+    "ToolCall",
+    "ToolError",
+    "ToolNotDecoratedError",
+    "ToolRegistry",
+    "ToolResult",
+    "TransferOption",
+    "TransferOptionType",
+    "UnknownEventHandlerError",
+    "UtteranceAlignment",
+    "function_tool",
+    "linear_to_mulaw",
+    "load_agent",
+    "parse_event",
+    "transfer_twiml",
+]
