@@ -1,0 +1,422 @@
+"""One call on the gateway: Twilio frames in, bot audio out, barge-in decided locally.
+
+:class:`CallSession` is the call controller. It owns no socket: it gets Twilio's text frames from
+whoever holds the WebSocket (the aiohttp handler, or the replay's Twilio stand-in), sends through
+an injected ``send`` coroutine, and talks to the session worker only through the bus.
+
+Per inbound ``media`` frame it decodes the mu-law payload, runs the call's stream on the shared
+VAD engine, and for every 32 ms window asks the call's echo/noise gate and
+:class:`vad.BargeInPolicy` what the caller is doing. It acts on the answer *at once*, without a
+round trip to the worker: ``clear`` to Twilio and the utterance's audio held back (pause), then,
+once the caller has clearly taken the turn, the utterance dropped and ``interrupt`` published with
+what the caller heard (from echoed marks). Utterances of non-interruptible nodes are never
+cleared; speech over them is published as ``interrupt_suppressed``.
+
+Frames that do not parse are logged with the reason and skipped; nothing a caller or a broken
+proxy sends can end the call except ``stop`` or the socket closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import enum
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from bus import Bus, CallInfo
+from vad import (
+    BargeInPolicy,
+    BargeInSettings,
+    BotState,
+    Decision,
+    EchoGate,
+    EchoGateSettings,
+    PolicyState,
+    VadEngine,
+    VadStream,
+    window_features,
+)
+
+from . import twilio_protocol as tp
+from .audio import ulaw_to_float32
+from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
+from .timeline import Timeline
+
+__all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
+
+log = logging.getLogger("callgate.call")
+
+SAMPLE_RATE = 8000
+WINDOW = 256
+
+
+class CallRejected(Exception):
+    """The ``start`` message failed authorisation (bad or missing call token)."""
+
+
+class CallPhase(enum.Enum):
+    CONNECTED = "connected"  # socket open, waiting for Twilio's `start`
+    STREAMING = "streaming"  # `start` accepted: audio flows both ways
+    ENDED = "ended"  # `stop` received, socket closed or the bot hung up
+
+
+@dataclass(frozen=True, slots=True)
+class CallSettings:
+    """Everything about a call's behaviour that ops may tune per agent."""
+
+    barge_in: BargeInSettings = field(default_factory=BargeInSettings)
+    echo: EchoGateSettings = field(default_factory=EchoGateSettings)
+    playback_lead_ms: float = 240.0
+    """How much bot audio may sit in Twilio's buffer (what a `clear` throws away)."""
+    chunk_ms: int = 20
+    dtmf_interrupts: bool = True
+    """A keypress stops an interruptible prompt (as IVR menus expect)."""
+    speech_over_uninterruptible: Literal["keep", "drop"] = "keep"
+    """What the caller said over a non-interruptible utterance: ``keep`` hands it to the agent
+    as the next turn once the utterance is over; ``drop`` discards it (published flagged)."""
+    max_payload_bytes: int = tp.DEFAULT_MAX_PAYLOAD_BYTES
+
+
+Authorize = Callable[[tp.Start], Awaitable[CallInfo]]
+
+
+async def _accept_any(start: tp.Start) -> CallInfo:
+    return CallInfo(
+        call_sid=start.call_sid,
+        stream_sid=start.stream_sid,
+        agent=start.custom_parameters.get("agent", "default"),
+        params=dict(start.custom_parameters),
+    )
+
+
+class CallSession:
+    """The controller of one call. Feed it with :meth:`handle_text` and :meth:`handle_downlink`."""
+
+    def __init__(
+        self,
+        *,
+        send: Callable[[str], Awaitable[None]],
+        bus: Bus,
+        vad: VadEngine,
+        settings: CallSettings | None = None,
+        timeline: Timeline | None = None,
+        authorize: Authorize | None = None,
+        on_end: Callable[[CallSession], Awaitable[None]] | None = None,
+        settings_for: Callable[[CallInfo], CallSettings] | None = None,
+    ) -> None:
+        self.settings = settings or CallSettings()
+        self.timeline = timeline or Timeline(keep=False)
+        self.phase = CallPhase.CONNECTED
+        self.info: CallInfo | None = None
+        self.stream_sid = ""
+        self._settings_for = settings_for
+        self._configure()
+        self.frames_skipped = 0
+        self.frames_processed = 0
+        self.dtmf_digits = ""
+        self._send = send
+        self._bus = bus
+        self._vad = vad
+        self._authorize = authorize or _accept_any
+        self._on_end = on_end
+        self._stream: VadStream | None = None
+        self._samples = 0  # inbound samples received (media clock)
+        self._media_end_ms = 0.0
+        self._history: deque[np.ndarray] = deque()  # inbound samples not yet windowed
+        self._history_len = 0
+        self._window_base = 0  # absolute sample index of _history[0][0]
+        self._prev_tail = np.zeros(128, dtype=np.float32)
+        self._paused_utterance: str | None = None
+        self._over_uninterruptible = False
+        self._hangup_requested = False
+        self._closed = asyncio.Event()
+        self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
+
+    def _configure(self) -> None:
+        self.playback = Playback(chunk_ms=self.settings.chunk_ms,
+                                 lead_ms=self.settings.playback_lead_ms)
+        self.policy = BargeInPolicy(self.settings.barge_in)
+        self.gate = EchoGate(self.settings.echo)
+
+    # -- the media clock -------------------------------------------------------------------
+    @property
+    def now_ms(self) -> float:
+        """The end of the latest inbound audio received: the clock of every event."""
+        return self._media_end_ms
+
+    def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        return self.timeline.emit(self.now_ms, type_, **fields)
+
+    async def publish(self, type_: str, **fields: Any) -> None:
+        if self.info is None:
+            return
+        await self._bus.publish(self.info.call_sid, {"type": type_, "t_ms": self.now_ms, **fields})
+
+    # -- Twilio side -----------------------------------------------------------------------
+    async def handle_text(self, text: str | bytes) -> None:
+        """One frame from Twilio. Malformed or out-of-place frames are logged and skipped."""
+        if self.phase is CallPhase.ENDED:
+            return
+        try:
+            msg = tp.parse_message(text, max_payload_bytes=self.settings.max_payload_bytes)
+        except tp.ProtocolError as exc:
+            self._skip(f"unparseable frame: {exc.reason}")
+            return
+        if isinstance(msg, tp.Connected):
+            return
+        if isinstance(msg, tp.Start):
+            await self._on_start(msg)
+            return
+        if self.phase is not CallPhase.STREAMING:
+            self._skip(f"{msg.event} frame before start")
+            return
+        if msg.stream_sid != self.stream_sid:
+            self._skip(f"{msg.event} frame for another stream {msg.stream_sid!r}")
+            return
+        self.frames_processed += 1
+        if isinstance(msg, tp.Media):
+            await self._on_media(msg)
+        elif isinstance(msg, tp.Dtmf):
+            await self._on_dtmf(msg)
+        elif isinstance(msg, tp.Mark):
+            await self._apply(self.playback.on_mark(msg.name, self.now_ms))
+        elif isinstance(msg, tp.Stop):
+            await self.end("stop")
+
+    def _skip(self, reason: str) -> None:
+        self.frames_skipped += 1
+        self._log.warning("skipped Twilio frame: %s", reason)
+
+    async def _on_start(self, msg: tp.Start) -> None:
+        if self.phase is not CallPhase.CONNECTED:
+            self._skip("second start on one stream")
+            return
+        info = await self._authorize(msg)  # raises CallRejected
+        self.info = info
+        if self._settings_for is not None:
+            # The agent is known only now: its barge-in tuning applies from the first frame.
+            self.settings = self._settings_for(info)
+            self._configure()
+        self.stream_sid = msg.stream_sid
+        self._log = logging.LoggerAdapter(
+            log, {"call_sid": info.call_sid, "stream_sid": msg.stream_sid}
+        )
+        self._stream = self._vad.open_stream()
+        self.phase = CallPhase.STREAMING
+        await self._bus.open_call(info)
+        self.emit("call_started", call_sid=info.call_sid, stream_sid=msg.stream_sid,
+                  agent=info.agent)
+        await self.publish("call_started", agent=info.agent, from_number=info.from_number,
+                           to_number=info.to_number)
+        self._log.info("call started (agent %s)", info.agent)
+
+    async def _on_media(self, msg: tp.Media) -> None:
+        if msg.track not in ("inbound", "inbound_track"):
+            return
+        samples = ulaw_to_float32(msg.payload)
+        self._samples += len(samples)
+        # Twilio's timestamp tells where this audio sits, gaps (lost packets) included.
+        self._media_end_ms = max(self._media_end_ms + len(samples) / 8,
+                                 msg.timestamp_ms + len(samples) / 8)
+        self._history.append(samples)
+        self._history_len += len(samples)
+        assert self._stream is not None
+        results = await self._stream.process(samples)
+        for r in results:
+            window = self._take_window(r.end_sample)
+            await self._on_window(r.prob, window)
+        await self._pump()
+
+    def _take_window(self, end_sample: int) -> np.ndarray:
+        """The 256 inbound samples ending at ``end_sample`` (the VAD's window)."""
+        start = end_sample - WINDOW
+        buf = np.concatenate(list(self._history)) if len(self._history) > 1 else self._history[0]
+        lo = start - self._window_base
+        window = buf[lo : lo + WINDOW]
+        rest = buf[lo + WINDOW :]
+        self._history.clear()
+        if len(rest):
+            self._history.append(rest)
+        self._history_len = len(rest)
+        self._window_base = end_sample
+        return window
+
+    async def _on_window(self, prob: float, window: np.ndarray) -> None:
+        gate = self.gate.process(window, adapt=self.policy.state is PolicyState.IDLE)
+        feats = window_features(window, self._prev_tail)
+        self._prev_tail = window[-128:]
+        decisions = self.policy.step(prob, gate, feats, self._bot_state())
+        for d in decisions:
+            await self._decide(d)
+
+    def _bot_state(self) -> BotState:
+        u = self.playback.audible(self.now_ms)
+        if u is None:
+            return BotState.SILENT
+        return BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE
+
+    async def _decide(self, d: Decision) -> None:
+        now = self.now_ms
+        if d is Decision.SPEECH_STARTED:
+            over = self._bot_state() is BotState.NON_INTERRUPTIBLE
+            self._over_uninterruptible = over
+            self.emit("speech_started")
+            await self.publish("speech_started", over_uninterruptible=over)
+        elif d is Decision.SPEECH_STOPPED:
+            self.emit("speech_stopped")
+            await self.publish("speech_stopped", over_uninterruptible=self._over_uninterruptible,
+                               dropped=self._over_uninterruptible
+                               and self.settings.speech_over_uninterruptible == "drop")
+            self._over_uninterruptible = False
+        elif d is Decision.PAUSE:
+            u = self.playback.current
+            if u is None or not u.interruptible or u.state is not UtteranceState.PLAYING:
+                return
+            out = self.playback.pause(now)
+            self._paused_utterance = u.id
+            await self._clear(reason="barge_in", utterance_id=u.id)
+            self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms)
+            await self._apply(out, clear_done=True)
+        elif d is Decision.COMMIT:
+            await self._interrupt(reason="speech")
+        elif d is Decision.RESUME:
+            if self._paused_utterance is None:
+                return
+            self._paused_utterance = None
+            await self._apply(self.playback.resume(now))
+        elif d is Decision.SUPPRESSED:
+            u = self.playback.audible(now)
+            uid = u.id if u is not None else None
+            self.emit("interrupt_suppressed", utterance_id=uid,
+                      policy=self.settings.speech_over_uninterruptible)
+            await self.publish("interrupt_suppressed", utterance_id=uid,
+                               policy=self.settings.speech_over_uninterruptible)
+
+    async def _clear(self, **fields: Any) -> None:
+        await self._send(tp.clear_message(self.stream_sid))
+        self.gate.clear_reference_from(int(self.now_ms * SAMPLE_RATE / 1000))
+        self.emit("clear_sent", **fields)
+
+    async def _interrupt(self, *, reason: str) -> None:
+        """The caller took the turn: stop the current interruptible utterance for good."""
+        self._paused_utterance = None
+        u, out = self.playback.interrupt(self.now_ms)
+        if u is None:
+            return
+        if out.clear:
+            await self._clear(reason=reason, utterance_id=u.id)
+        await self._apply(out, clear_done=True)
+        self.emit("barge_in", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node, reason=reason)
+        await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node,
+                           reason=reason)
+
+    async def _on_dtmf(self, msg: tp.Dtmf) -> None:
+        self.dtmf_digits += msg.digit
+        self.emit("dtmf", digit=msg.digit)
+        await self.publish("dtmf", digit=msg.digit)
+        u = self.playback.current
+        if (
+            self.settings.dtmf_interrupts
+            and u is not None
+            and u.interruptible
+            and u.state in (UtteranceState.PLAYING, UtteranceState.PAUSED)
+        ):
+            await self._interrupt(reason="dtmf")
+
+    # -- worker side -----------------------------------------------------------------------
+    async def handle_downlink(self, event: dict[str, Any]) -> None:
+        """One event from the session worker (utterance start / audio / end, hangup)."""
+        if self.phase is CallPhase.ENDED:
+            return
+        kind = event.get("type")
+        try:
+            if kind == "utterance_start":
+                self.playback.start(
+                    str(event["utterance_id"]),
+                    node=str(event.get("node", "")),
+                    interruptible=bool(event.get("interruptible", True)),
+                    text=str(event.get("text", "")),
+                )
+            elif kind == "audio":
+                audio = base64.b64decode(str(event["payload"]), validate=True)
+                self.playback.add_audio(str(event["utterance_id"]), audio)
+            elif kind == "utterance_end":
+                self.playback.end(str(event["utterance_id"]))
+            elif kind == "hangup":
+                self._hangup_requested = True
+            elif kind == "transfer":
+                self._log.info("worker transferred the call to %s", event.get("to"))
+            else:
+                self._log.warning("ignored downlink event of type %r", kind)
+                return
+        except (KeyError, ValueError, binascii.Error, PlaybackError) as exc:
+            self._log.warning("ignored bad downlink event %r: %s", kind, exc)
+            return
+        await self._pump()
+
+    async def run_downlink(self) -> None:
+        """Consume the call's downlink from the bus until the call ends (a task per call)."""
+        assert self.info is not None
+        async for message in self._bus.downlink(self.info.call_sid):
+            await self.handle_downlink(message.event)
+            if self.phase is CallPhase.ENDED:
+                break
+
+    # -- output ----------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        await self._apply(self.playback.pump(self.now_ms))
+        if self._hangup_requested and self.playback.current is None:
+            await self.end("hangup")
+
+    async def _apply(self, out: Outcome, *, clear_done: bool = False) -> None:
+        if out.clear and not clear_done:
+            await self._clear(reason="playback")
+        for ev in out.events:
+            fields = {k: v for k, v in ev.items() if k != "type"}
+            self.emit(ev["type"], **fields)
+            if ev["type"] in ("bot_utterance_finished", "bot_utterance_interrupted",
+                              "bot_utterance_resumed"):
+                await self.publish("playback", state=ev["type"].removeprefix("bot_utterance_"),
+                                   utterance_id=ev["utterance_id"], heard_ms=ev["heard_ms"])
+        for chunk in out.chunks:
+            await self._send_chunk(chunk)
+
+    async def _send_chunk(self, chunk: Chunk) -> None:
+        await self._send(tp.media_message(self.stream_sid, chunk.payload))
+        await self._send(tp.mark_message(self.stream_sid, chunk.mark))
+        start = int(round(chunk.play_at_ms * SAMPLE_RATE / 1000))
+        self.gate.add_reference(start, ulaw_to_float32(chunk.payload))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def end(self, reason: str) -> None:
+        """End the call (idempotent): Twilio said stop, the socket closed, or the bot hung up."""
+        if self.phase is CallPhase.ENDED:
+            return
+        was_streaming = self.phase is CallPhase.STREAMING
+        self.phase = CallPhase.ENDED
+        self.playback.stop_all()
+        if self._stream is not None:
+            self._stream.close()
+        if was_streaming and self.info is not None:
+            self.timeline.emit(self.now_ms, "call_ended", reason=reason)
+            await self._bus.publish(self.info.call_sid,
+                                    {"type": "call_ended", "t_ms": self.now_ms, "reason": reason})
+            await self._bus.close_call(self.info.call_sid)
+            self._log.info("call ended (%s) after %.1f s", reason, self.now_ms / 1000)
+        self._closed.set()
+        if self._on_end is not None:
+            await self._on_end(self)
+
+    @property
+    def ended(self) -> bool:
+        return self.phase is CallPhase.ENDED
+
+    async def wait_ended(self) -> None:
+        await self._closed.wait()

@@ -1,0 +1,120 @@
+"""The ``callgate`` command line: ``serve``, ``worker``, ``replay``, ``call``, ``config check``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import ReplayError, load_bot_script, replay
+
+    try:
+        turns = load_bot_script(args.bot_script) if args.bot_script else None
+        out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
+        try:
+            timeline, playout = asyncio.run(
+                replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime)
+            )
+        finally:
+            if out is not None:
+                out.close()
+    except ReplayError as exc:
+        print(f"callgate replay: {exc}", file=sys.stderr)
+        return 2
+    counts: dict[str, int] = {}
+    for e in timeline.events:
+        counts[e["type"]] = counts.get(e["type"], 0) + 1
+    summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    print(f"replayed {args.recording}: {summary}; bot audio played "
+          f"{playout.stats.played_bytes / 8000:.2f} s, clears {playout.stats.clears}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    return serve(args)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from .server import run_worker
+
+    return run_worker(args)
+
+
+def _call(args: argparse.Namespace) -> int:
+    from .client import run_call
+
+    return run_call(args)
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.path)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(cfg.summary())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="callgate", description=__doc__)
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway (and, with the embedded bus, a worker)")
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--config", type=Path, default=None, help="YAML config (default: config/)")
+    s.add_argument("--redis", default=None, help="redis:// URL; default: embedded bus")
+    s.add_argument("--no-worker", action="store_true",
+                   help="gateway only (workers run as `callgate worker`)")
+    s.set_defaults(fn=_serve)
+
+    w = sub.add_parser("worker", help="run a session worker on a Redis bus")
+    w.add_argument("--redis", required=True)
+    w.add_argument("--config", type=Path, default=None)
+    w.add_argument("--worker-id", default=None)
+    w.set_defaults(fn=_worker)
+
+    r = sub.add_parser("replay", help="replay a recorded call through the gateway")
+    r.add_argument("recording", type=Path, help="NAME.twilio.jsonl or a WAV")
+    r.add_argument("--bot-script", type=Path, help="labels whose bot_turns the bot speaks")
+    r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
+    r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")
+    r.set_defaults(fn=_replay)
+
+    c = sub.add_parser("call", help="play a recording into a running gateway, as Twilio would")
+    c.add_argument("recording", type=Path)
+    c.add_argument("--url", default="ws://127.0.0.1:8080/twilio/media")
+    c.add_argument("--token", default=None, help="call token (from the TwiML's <Parameter>)")
+    c.add_argument("--call-sid", default=None, help="CallSid to announce (the token's call)")
+    c.add_argument("--fast", action="store_true", help="do not pace at 1x")
+    c.set_defaults(fn=_call)
+
+    cfg = sub.add_parser("config", help="configuration tools")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    chk = cfg_sub.add_parser("check", help="validate a config file and print a summary")
+    chk.add_argument("path", nargs="?", type=Path, default=None)
+    chk.set_defaults(fn=_config_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

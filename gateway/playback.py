@@ -1,0 +1,273 @@
+"""What the bot is saying, what Twilio has queued, and what the caller has actually heard.
+
+The gateway sends the bot's audio to Twilio as ``media`` messages, each followed by a ``mark``.
+Twilio echoes a mark back once the audio before it has played, so echoed marks are the only
+proof of what the caller heard. Two rules keep that proof honest:
+
+* Audio is *paced*: at most ``lead_ms`` of it sits in Twilio's buffer. A ``clear`` then throws
+  away little, the gateway still holds the rest, and a pause can resume from the heard point.
+* On ``clear`` Twilio echoes every pending mark at once. Those echoes prove nothing, so every
+  mark pending when ``clear`` is sent is retired first and its echo ignored.
+
+The playout clock is the media clock of the inbound track (``now_ms``): Twilio plays what it has
+queued at 1x, starting when it arrives, so the gateway predicts when each chunk is on the line.
+That prediction feeds the echo gate and the barge-in decision ("is the bot audible now?").
+
+This module does no I/O: it returns the Twilio messages to send and the timeline events to emit.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Chunk",
+    "Outcome",
+    "Playback",
+    "PlaybackError",
+    "Utterance",
+    "UtteranceState",
+]
+
+BYTES_PER_MS = 8  # 8 kHz mu-law: one byte per sample
+
+
+class PlaybackError(Exception):
+    """A downlink event that does not fit the utterance's lifecycle."""
+
+
+class UtteranceState(enum.Enum):
+    QUEUED = "queued"  # announced, nothing sent yet
+    PLAYING = "playing"  # audio being sent / on the line
+    PAUSED = "paused"  # cleared for a possible barge-in; may resume
+    FINISHED = "finished"  # all audio played (last mark echoed)
+    INTERRUPTED = "interrupted"  # cut off by the caller; remaining audio dropped
+
+
+@dataclass(slots=True)
+class Utterance:
+    id: str
+    node: str
+    interruptible: bool
+    text: str = ""
+    audio: bytearray = field(default_factory=bytearray)
+    ended: bool = False  # the worker sent utterance_end: no more audio will come
+    sent: int = 0  # bytes handed to Twilio (this playout)
+    heard: int = 0  # bytes confirmed played by echoed marks
+    state: UtteranceState = UtteranceState.QUEUED
+    started_at_ms: float | None = None
+
+    @property
+    def heard_ms(self) -> float:
+        return self.heard / BYTES_PER_MS
+
+    @property
+    def duration_ms(self) -> float:
+        return len(self.audio) / BYTES_PER_MS
+
+    def describe(self) -> dict[str, Any]:
+        return {"utterance_id": self.id, "node": self.node, "interruptible": self.interruptible}
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Audio to send now: ``media`` then ``mark`` named ``mark``; plays from ``play_at_ms``."""
+
+    utterance_id: str
+    payload: bytes
+    mark: str
+    play_at_ms: float
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a playback step asks the call controller to do."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    clear: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingMark:
+    utterance_id: str
+    end: int  # byte offset in the utterance once this mark's audio has played
+    last: bool  # the utterance's final chunk (if it had ended when sent)
+
+
+class Playback:
+    """Per-call playout of bot utterances, in order, one at a time."""
+
+    def __init__(self, *, chunk_ms: int = 20, lead_ms: float = 240.0) -> None:
+        self.chunk_bytes = chunk_ms * BYTES_PER_MS
+        self.lead_ms = lead_ms
+        self._queue: deque[Utterance] = deque()
+        self._by_id: dict[str, Utterance] = {}
+        self._pending: dict[str, _PendingMark] = {}
+        self._retired: set[str] = set()
+        self._seq = itertools.count(1)
+        self.line_busy_until_ms = 0.0
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def current(self) -> Utterance | None:
+        """The utterance at the head of the queue (playing, paused or about to play)."""
+        return self._queue[0] if self._queue else None
+
+    def get(self, utterance_id: str) -> Utterance | None:
+        return self._by_id.get(utterance_id)
+
+    def audible(self, now_ms: float) -> Utterance | None:
+        """The utterance the caller hears at ``now_ms``, if any (paused ones are silent)."""
+        u = self.current
+        if u is None or u.state is not UtteranceState.PLAYING:
+            return None
+        if now_ms < self.line_busy_until_ms or u.sent < len(u.audio) or not u.ended:
+            return u
+        return None
+
+    # -- downlink ----------------------------------------------------------------------------
+    def start(self, utterance_id: str, *, node: str, interruptible: bool, text: str = "") -> None:
+        if utterance_id in self._by_id:
+            return  # at-least-once delivery: a repeated start is a no-op
+        u = Utterance(utterance_id, node, interruptible, text)
+        self._by_id[utterance_id] = u
+        self._queue.append(u)
+
+    def add_audio(self, utterance_id: str, audio: bytes) -> bool:
+        """Append audio; False when the utterance is unknown or already over (dropped)."""
+        u = self._by_id.get(utterance_id)
+        if u is None:
+            raise PlaybackError(f"audio for unknown utterance {utterance_id!r}")
+        if u.state in (UtteranceState.INTERRUPTED, UtteranceState.FINISHED) or u.ended:
+            return False
+        u.audio.extend(audio)
+        return True
+
+    def end(self, utterance_id: str) -> None:
+        u = self._by_id.get(utterance_id)
+        if u is None:
+            raise PlaybackError(f"end of unknown utterance {utterance_id!r}")
+        u.ended = True
+
+    # -- the media clock ---------------------------------------------------------------------
+    def pump(self, now_ms: float) -> Outcome:
+        """Top up Twilio's buffer to ``lead_ms`` ahead of ``now_ms``; finish utterances whose
+        audio is all out and heard."""
+        out = Outcome()
+        self.line_busy_until_ms = max(self.line_busy_until_ms, now_ms)
+        while self._queue:
+            u = self._queue[0]
+            if u.state is UtteranceState.PAUSED:
+                break
+            if u.state is UtteranceState.QUEUED:
+                if not u.audio and not u.ended:
+                    break  # nothing to play yet
+                u.state = UtteranceState.PLAYING
+                u.started_at_ms = self.line_busy_until_ms
+                out.events.append({"type": "bot_utterance_started", **u.describe(),
+                                   "text": u.text, "play_at_ms": self.line_busy_until_ms})
+            while u.sent < len(u.audio) and self.line_busy_until_ms - now_ms < self.lead_ms:
+                payload = bytes(u.audio[u.sent : u.sent + self.chunk_bytes])
+                if len(payload) < self.chunk_bytes and not u.ended:
+                    break  # wait for the rest of the chunk
+                u.sent += len(payload)
+                name = f"{u.id}#{next(self._seq)}"
+                last = u.ended and u.sent >= len(u.audio)
+                self._pending[name] = _PendingMark(u.id, u.sent, last)
+                out.chunks.append(Chunk(u.id, payload, name, self.line_busy_until_ms))
+                self.line_busy_until_ms += len(payload) / BYTES_PER_MS
+            if u.ended and u.sent >= len(u.audio):
+                if not any(m.utterance_id == u.id for m in self._pending.values()):
+                    self._finish(u, out, now_ms)
+                    continue
+            break
+        return out
+
+    def on_mark(self, name: str, now_ms: float) -> Outcome:
+        """Twilio echoed ``name``: its audio has played (unless retired by a clear)."""
+        out = Outcome()
+        if name in self._retired:
+            self._retired.discard(name)
+            return out
+        m = self._pending.pop(name, None)
+        if m is None:
+            return out
+        u = self._by_id.get(m.utterance_id)
+        if u is None:
+            return out
+        u.heard = max(u.heard, m.end)
+        if (
+            u.state is UtteranceState.PLAYING
+            and u.ended
+            and u.sent >= len(u.audio)
+            and not any(p.utterance_id == u.id for p in self._pending.values())
+        ):
+            self._finish(u, out, now_ms)
+            out.chunks.extend(self.pump(now_ms).chunks)
+        return out
+
+    def _finish(self, u: Utterance, out: Outcome, now_ms: float) -> None:
+        u.state = UtteranceState.FINISHED
+        u.heard = len(u.audio)
+        if self._queue and self._queue[0] is u:
+            self._queue.popleft()
+        out.events.append({"type": "bot_utterance_finished", **u.describe(),
+                           "heard_ms": u.heard_ms})
+
+    # -- barge-in ----------------------------------------------------------------------------
+    def _retire_pending(self) -> None:
+        self._retired.update(self._pending)
+        self._pending.clear()
+
+    def pause(self, now_ms: float) -> Outcome:
+        """Stop playback now (``clear``) but keep the utterance to resume from the heard point."""
+        out = Outcome(clear=True)
+        u = self.current
+        self._retire_pending()
+        self.line_busy_until_ms = now_ms
+        if u is not None and u.state is UtteranceState.PLAYING:
+            u.state = UtteranceState.PAUSED
+            u.sent = u.heard
+        return out
+
+    def resume(self, now_ms: float) -> Outcome:
+        """Play the paused utterance on from what the caller heard."""
+        u = self.current
+        out = Outcome()
+        if u is not None and u.state is UtteranceState.PAUSED:
+            u.state = UtteranceState.PLAYING
+            out.events.append({"type": "bot_utterance_resumed", **u.describe(),
+                               "heard_ms": u.heard_ms})
+        more = self.pump(now_ms)
+        out.chunks.extend(more.chunks)
+        out.events.extend(more.events)
+        return out
+
+    def interrupt(self, now_ms: float) -> tuple[Utterance | None, Outcome]:
+        """The caller took the turn: drop the current interruptible utterance and the audio
+        still queued for it. Returns the utterance (with ``heard``) for the interrupt event."""
+        u = self.current
+        out = Outcome()
+        if u is None or not u.interruptible:
+            return None, out
+        if u.state is UtteranceState.PLAYING:
+            out.clear = True
+            self._retire_pending()
+            self.line_busy_until_ms = now_ms
+        u.state = UtteranceState.INTERRUPTED
+        self._queue.popleft()
+        out.events.append({"type": "bot_utterance_interrupted", **u.describe(),
+                           "heard_ms": u.heard_ms})
+        return u, out
+
+    def stop_all(self) -> list[Utterance]:
+        """The call is over: every utterance not finished is dropped; returns them."""
+        left = [u for u in self._queue if u.state is not UtteranceState.FINISHED]
+        self._queue.clear()
+        self._retire_pending()
+        return left

@@ -1,0 +1,228 @@
+"""``callgate replay``: a recorded call through the real call controller, on the media clock.
+
+The replay stands in for Twilio on both sides of :class:`gateway.call.CallSession` (the code that
+serves live calls): it feeds the recording's messages in order, plays the bot's audio on the
+media clock, echoes each mark once its audio has played, and on ``clear`` echoes every pending
+mark at once, as Twilio does (:class:`gateway.twilio_sim.TwilioPlayout`).
+
+It runs lock-step, as fast as the CPU allows: frame *k* (media ``[t, t+20)``) is handed to the
+controller only after the controller has finished with frame *k-1*, so event times depend on the
+media clock alone, never on CPU speed. ``realtime=True`` paces it at 1x.
+
+``bot_script`` (the labels of a recording) makes the bot speak the labelled ``bot_turns`` at their
+times, each with the slice ``[start_ms, end_ms)`` of ``bot_wav`` as its audio, so the echo in the
+inbound track matches what the gateway sent. Each turn becomes a downlink utterance
+(``turn-N``, node ``bot-script``, ``interruptible`` from the turn, default true).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from bus import Bus, EmbeddedBus
+
+from . import twilio_protocol as tp
+from .audio import read_wav_ulaw
+from .call import CallSession, CallSettings
+from .timeline import Timeline
+from .twilio_sim import TwilioPlayout
+
+__all__ = ["BotTurn", "ReplayError", "load_bot_script", "recording_messages", "replay"]
+
+FRAME_MS = 20
+
+
+class ReplayError(Exception):
+    """The recording or bot script cannot be replayed (the message says which file and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BotTurn:
+    utterance_id: str
+    start_ms: float
+    audio: bytes  # 8 kHz mu-law
+    interruptible: bool = True
+    text: str = ""
+    node: str = "bot-script"
+
+
+def _tone(duration_ms: float) -> bytes:
+    """Stand-in bot audio when the labels name no ``bot_wav``: a voiced buzz at -20 dBFS."""
+    from .audio import float32_to_pcm16, pcm16_to_ulaw
+
+    n = int(duration_ms * 8)
+    t = np.arange(n) / 8000.0
+    x = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((140, 280, 420, 560), 1))
+    x = 0.1 * x / np.max(np.abs(x) + 1e-9) if n else x
+    return pcm16_to_ulaw(float32_to_pcm16(np.asarray(x, dtype=np.float32)))
+
+
+def load_bot_script(path: Path | str | dict[str, Any]) -> list[BotTurn]:
+    """Turns of a labels file (or dict); relative ``bot_wav`` names resolve against its folder."""
+    if isinstance(path, dict):
+        labels, folder = path, Path.cwd()
+    else:
+        p = Path(path)
+        try:
+            labels = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ReplayError(f"{p}: cannot read bot script: {exc}") from exc
+        folder = p.parent
+    bot_audio: bytes | None = None
+    if labels.get("bot_wav"):
+        wav = Path(labels["bot_wav"])
+        if not wav.is_absolute():
+            wav = folder / wav
+        try:
+            bot_audio = read_wav_ulaw(wav)
+        except OSError as exc:
+            raise ReplayError(f"bot_wav {wav}: {exc}") from exc
+    turns = []
+    for i, turn in enumerate(labels.get("bot_turns", [])):
+        try:
+            start, end = float(turn["start_ms"]), float(turn["end_ms"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayError(f"bot_turns[{i}]: needs numeric start_ms and end_ms") from exc
+        if end <= start:
+            raise ReplayError(f"bot_turns[{i}]: end_ms {end} is not after start_ms {start}")
+        if bot_audio is not None:
+            audio = bot_audio[int(start * 8) : int(end * 8)]
+        else:
+            audio = _tone(end - start)
+        turns.append(BotTurn(f"turn-{i}", start, audio, bool(turn.get("interruptible", True)),
+                             str(turn.get("text", ""))))
+    return turns
+
+
+def recording_messages(path: Path | str) -> Iterator[str]:
+    """The Twilio messages of a recording: a ``.twilio.jsonl`` capture as is, or a WAV turned
+    into the messages Twilio would have sent (connected, start, 20 ms media, stop)."""
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        try:
+            with p.open() as f:
+                for line in f:
+                    if line.strip():
+                        yield line.rstrip("\n")
+        except OSError as exc:
+            raise ReplayError(f"{p}: {exc}") from exc
+        return
+    try:
+        ulaw = read_wav_ulaw(p)
+    except OSError as exc:
+        raise ReplayError(f"{p}: {exc}") from exc
+    stem = p.name.split(".")[0]
+    digest = hashlib.sha256(stem.encode()).hexdigest()
+    stream_sid = f"MZ{digest[:32]}"
+    call_sid = f"CA{digest[32:64]}"
+    account_sid = "AC" + "0" * 32
+    yield tp.build_connected()
+    yield tp.build_start(sequence_number=1, stream_sid=stream_sid, account_sid=account_sid,
+                         call_sid=call_sid, tracks=["inbound"])
+    seq = 2
+    for chunk, off in enumerate(range(0, len(ulaw), 160), 1):
+        yield tp.build_media(sequence_number=seq, stream_sid=stream_sid, track="inbound",
+                             chunk=chunk, timestamp_ms=off // 8, payload=ulaw[off : off + 160])
+        seq += 1
+    yield tp.build_stop(sequence_number=seq, stream_sid=stream_sid, account_sid=account_sid,
+                        call_sid=call_sid)
+
+
+async def replay(
+    recording: Path | str,
+    *,
+    bot_script: list[BotTurn] | None = None,
+    events_out: IO[str] | None = None,
+    settings: CallSettings | None = None,
+    realtime: bool = False,
+    bus: Bus | None = None,
+    vad: Any = None,
+    keep_audio: bool = False,
+) -> tuple[Timeline, TwilioPlayout]:
+    """Replay one recording; returns the timeline and what the simulated Twilio played."""
+    from vad import VadEngine
+
+    timeline = Timeline(sink=events_out)
+    own_vad = vad is None
+    engine = VadEngine() if own_vad else vad
+    own_bus = bus is None
+    the_bus = bus or EmbeddedBus()
+    turns = sorted(bot_script or [], key=lambda t: t.start_ms)
+    playout: TwilioPlayout | None = None
+    outbox: list[str] = []
+
+    async def send(text: str) -> None:
+        outbox.append(text)
+
+    try:
+        if own_vad:
+            await engine.start()
+        if own_bus:
+            await the_bus.start()
+        session = CallSession(send=send, bus=the_bus, vad=engine, settings=settings,
+                              timeline=timeline)
+        t0 = time.monotonic()
+
+        async def deliver(echoes: list[str]) -> None:
+            """Hand Twilio's frames to the controller, then route what it sends back."""
+            queue = list(echoes)
+            while queue or outbox:
+                while outbox:
+                    if playout is not None:
+                        queue.extend(playout.receive(outbox.pop(0), at_ms=session.now_ms))
+                    else:
+                        outbox.pop(0)
+                if queue:
+                    await session.handle_text(queue.pop(0))
+
+        for line in recording_messages(recording):
+            media_start: float | None = None
+            try:
+                obj = json.loads(line)
+                if obj.get("event") == "media":
+                    media_start = float(obj["media"]["timestamp"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                media_start = None
+            if media_start is not None and playout is not None:
+                if realtime:
+                    delay = t0 + media_start / 1000 - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                # Marks whose audio has played by now, then bot turns due at this frame
+                # boundary (the nearest one to the turn's start).
+                await deliver(playout.advance(media_start))
+                while turns and turns[0].start_ms <= media_start + FRAME_MS / 2:
+                    await _speak(session, turns.pop(0))
+                    await deliver([])
+            await session.handle_text(line)
+            if playout is None and session.stream_sid:
+                playout = TwilioPlayout(stream_sid=session.stream_sid, keep_audio=keep_audio)
+            await deliver([])
+            if session.ended:
+                break
+        await session.end("replay_finished")
+    finally:
+        if own_bus:
+            await the_bus.aclose()
+        if own_vad:
+            await engine.aclose()
+    return timeline, playout or TwilioPlayout(stream_sid="")
+
+
+async def _speak(session: CallSession, turn: BotTurn) -> None:
+    await session.handle_downlink({"type": "utterance_start", "utterance_id": turn.utterance_id,
+                                   "node": turn.node, "interruptible": turn.interruptible,
+                                   "text": turn.text})
+    await session.handle_downlink({"type": "audio", "utterance_id": turn.utterance_id,
+                                   "payload": base64.b64encode(turn.audio).decode()})
+    await session.handle_downlink({"type": "utterance_end", "utterance_id": turn.utterance_id})

@@ -1,0 +1,266 @@
+"""The aiohttp application: Twilio's webhook, the Media Streams WebSocket, health.
+
+Routes:
+
+* ``POST /twilio/voice``: Twilio's voice webhook. Checks ``X-Twilio-Signature`` against the
+  configured public URL, picks the agent of the dialled number, and answers TwiML
+  ``<Connect><Stream url="wss://.../twilio/media">`` with a per-call token in ``<Parameter>``.
+* ``GET /twilio/media``: the bidirectional Media Streams WebSocket. The upgrade's signature is
+  checked against the ``wss://`` URL the TwiML named; the ``start`` message must carry the token
+  issued for that call (a signature alone can be replayed: Twilio signs the same URL every time).
+  One task per call runs its :class:`gateway.call.CallSession`.
+* ``GET /healthz``: liveness; ``GET /readyz``: readiness (fails while draining or full).
+
+Signature checks can be switched off only explicitly (``validate_signatures: false``), with a
+warning at start-up and on every call, for local development without a Twilio account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from aiohttp import WSMsgType, web
+from twilio.twiml.voice_response import Connect, Say, Stream, VoiceResponse
+
+from bus import Bus, CallInfo
+from vad import VadEngine
+
+from . import twilio_protocol as tp
+from .call import CallRejected, CallSession, CallSettings
+from .security import CallTokens, InvalidToken, SignatureValidator
+from .timeline import Timeline
+
+__all__ = ["GATEWAY_KEY", "GatewayApp", "GatewaySettings", "build_app"]
+
+log = logging.getLogger("callgate.gateway")
+
+VOICE_PATH = "/twilio/voice"
+MEDIA_PATH = "/twilio/media"
+
+
+@dataclass(slots=True)
+class GatewaySettings:
+    """What the HTTP layer needs; built from the YAML config by :func:`from_config`."""
+
+    public_url: str | None = None
+    """Base URL Twilio uses to reach us (``https://gw.example.com``); signatures are computed
+    against it. None: derived from each request (development only)."""
+    auth_token: str | None = None
+    validate_signatures: bool = True
+    token_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    token_ttl_s: float = 600.0
+    max_calls: int = 200
+    agent_for_number: Callable[[str | None], str] = lambda _to: "default"
+    call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
+
+    def __post_init__(self) -> None:
+        if self.validate_signatures and not self.auth_token:
+            raise ValueError(
+                "validate_signatures is on but no Twilio auth token is configured "
+                "(set TWILIO_AUTH_TOKEN, or switch validation off explicitly for development)"
+            )
+
+
+def _public_urls(settings: GatewaySettings, request: web.Request) -> tuple[str, str]:
+    """(webhook https URL, media wss URL) as Twilio sees them."""
+    if settings.public_url:
+        base = urlsplit(settings.public_url.rstrip("/"))
+        scheme = base.scheme or "https"
+        netloc, prefix = base.netloc, base.path
+    else:
+        scheme = request.headers.get("X-Forwarded-Proto", request.scheme)
+        netloc = request.headers.get("X-Forwarded-Host", request.host)
+        prefix = ""
+    ws_scheme = "wss" if scheme == "https" else "ws"
+    voice = urlunsplit((scheme, netloc, prefix + VOICE_PATH, "", ""))
+    media = urlunsplit((ws_scheme, netloc, prefix + MEDIA_PATH, "", ""))
+    return voice, media
+
+
+class GatewayApp:
+    """The gateway process's shared state: bus, VAD engine, calls in progress."""
+
+    def __init__(self, settings: GatewaySettings, *, bus: Bus, vad: VadEngine) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.vad = vad
+        self.tokens = CallTokens(settings.token_secret, ttl_s=settings.token_ttl_s)
+        self.validator = SignatureValidator(settings.auth_token) if settings.auth_token else None
+        self.calls: dict[str, CallSession] = {}
+        self.completed: deque[dict[str, object]] = deque(maxlen=256)
+        """Summaries of recently ended calls (for operators and tests)."""
+        self.draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        if not settings.validate_signatures:
+            log.warning(
+                "Twilio signature validation is OFF (validate_signatures: false): anyone who "
+                "can reach this gateway can start calls. Never run it like this in production."
+            )
+
+    # -- routes ---------------------------------------------------------------------------
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post(VOICE_PATH, self.voice_webhook),
+            web.get(MEDIA_PATH, self.media_socket),
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+        ]
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "calls": len(self.calls)})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        ready = not self.draining and len(self.calls) < self.settings.max_calls
+        return web.json_response(
+            {"ready": ready, "draining": self.draining, "calls": len(self.calls)},
+            status=200 if ready else 503,
+        )
+
+    def _signature_ok(self, url: str, signature: str | None, form: dict[str, str] | None) -> bool:
+        if not self.settings.validate_signatures:
+            return True
+        assert self.validator is not None
+        if form is None:
+            return self.validator.validate_websocket(url, signature)
+        return self.validator.validate_webhook(url, form, signature)
+
+    async def voice_webhook(self, request: web.Request) -> web.Response:
+        post = await request.post()
+        form = {k: str(v) for k, v in post.items()}
+        voice_url, media_url = _public_urls(self.settings, request)
+        if request.query_string:
+            voice_url = f"{voice_url}?{request.query_string}"
+        if not self._signature_ok(voice_url, request.headers.get("X-Twilio-Signature"), form):
+            log.warning("webhook rejected: bad or missing X-Twilio-Signature for %s", voice_url)
+            raise web.HTTPForbidden(text="invalid Twilio signature")
+        call_sid = form.get("CallSid", "")
+        if not call_sid.startswith("CA"):
+            raise web.HTTPBadRequest(text="CallSid missing or malformed")
+        response = VoiceResponse()
+        if self.draining or len(self.calls) >= self.settings.max_calls:
+            reason = "draining" if self.draining else "at capacity"
+            log.warning("refusing call %s: gateway %s", call_sid, reason)
+            response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
+            response.hangup()
+            return web.Response(text=str(response), content_type="application/xml")
+        agent = self.settings.agent_for_number(form.get("To"))
+        token = self.tokens.issue(call_sid, agent)
+        stream = Stream(url=media_url)
+        stream.parameter(name="token", value=token)
+        stream.parameter(name="agent", value=agent)
+        stream.parameter(name="from", value=form.get("From", ""))
+        stream.parameter(name="to", value=form.get("To", ""))
+        connect = Connect()
+        connect.append(stream)
+        response.append(connect)
+        log.info("call %s to %s -> agent %s", call_sid, form.get("To"), agent)
+        return web.Response(text=str(response), content_type="application/xml")
+
+    async def _authorize(self, start: tp.Start) -> CallInfo:
+        params = start.custom_parameters
+        agent = params.get("agent", "default")
+        if self.settings.validate_signatures:
+            try:
+                claims = self.tokens.verify(params.get("token", ""), call_sid=start.call_sid)
+            except InvalidToken as exc:
+                raise CallRejected(f"call token refused: {exc.reason}") from exc
+            agent = claims.agent
+        return CallInfo(
+            call_sid=start.call_sid,
+            stream_sid=start.stream_sid,
+            agent=agent,
+            from_number=params.get("from", ""),
+            to_number=params.get("to", ""),
+            params={k: v for k, v in params.items() if k != "token"},
+        )
+
+    async def media_socket(self, request: web.Request) -> web.StreamResponse:
+        _, media_url = _public_urls(self.settings, request)
+        if not self._signature_ok(media_url, request.headers.get("X-Twilio-Signature"), None):
+            log.warning("media socket rejected: bad or missing X-Twilio-Signature")
+            raise web.HTTPForbidden(text="invalid Twilio signature")
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 << 20)
+        await ws.prepare(request)
+        session: CallSession | None = None
+        downlink: asyncio.Task[None] | None = None
+
+        async def send(text: str) -> None:
+            if not ws.closed:
+                await ws.send_str(text)
+
+        session = CallSession(
+            send=send, bus=self.bus, vad=self.vad, timeline=Timeline(keep=False),
+            authorize=self._authorize,
+            settings_for=lambda info: self.settings.call_settings_for(info.agent),
+        )
+        try:
+            async for msg in ws:
+                if msg.type is WSMsgType.TEXT:
+                    try:
+                        await session.handle_text(msg.data)
+                    except CallRejected as exc:
+                        log.warning("closing media socket: %s", exc)
+                        await ws.close(code=1008, message=b"call token refused")
+                        break
+                    if session.info is not None and downlink is None:
+                        self.calls[session.info.call_sid] = session
+                        downlink = asyncio.create_task(session.run_downlink())
+                    if session.ended:
+                        break
+                elif msg.type is WSMsgType.BINARY:
+                    log.warning("skipped binary frame on media socket (%d bytes)", len(msg.data))
+                elif msg.type is WSMsgType.ERROR:
+                    log.warning("media socket error: %s", ws.exception())
+                    break
+        finally:
+            await session.end("socket_closed")
+            if downlink is not None:
+                downlink.cancel()
+                await asyncio.gather(downlink, return_exceptions=True)
+            if session.info is not None:
+                self.calls.pop(session.info.call_sid, None)
+                self.completed.append({
+                    "call_sid": session.info.call_sid, "media_ms": session.now_ms,
+                    "frames_processed": session.frames_processed,
+                    "frames_skipped": session.frames_skipped, "dtmf": session.dtmf_digits,
+                })
+            if not ws.closed:
+                await ws.close()
+        return ws
+
+
+GATEWAY_KEY: web.AppKey[GatewayApp] = web.AppKey("gateway", GatewayApp)
+
+
+def build_app(settings: GatewaySettings, *, bus: Bus, vad: VadEngine) -> web.Application:
+    """The aiohttp application; bus and VAD engine are started and closed with it."""
+    gateway = GatewayApp(settings, bus=bus, vad=vad)
+    app = web.Application()
+    app[GATEWAY_KEY] = gateway
+    app.add_routes(gateway.routes())
+
+    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+        await bus.start()
+        await vad.start()
+        yield
+        await vad.aclose()
+        await bus.aclose()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def token_secret_from_env() -> bytes:
+    """Gateways behind one load balancer must share it: Twilio's webhook and its WebSocket may
+    reach different instances."""
+    raw = os.environ.get("CALLGATE_TOKEN_SECRET")
+    if raw:
+        return raw.encode()
+    return secrets.token_bytes(32)

@@ -1,0 +1,66 @@
+"""The call's event timeline: what the gateway did and when, on the media clock.
+
+Every event is a dict with ``t_ms`` (the end of the latest inbound audio the gateway had received
+when it emitted the event, in ms since the stream started) and ``type``; the names are the replay
+contract of docs/architecture.md, which ``tools/eval_bargein.py`` reads. Live calls log them;
+``callgate replay`` writes them to ``--events-out``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import IO, Any
+
+__all__ = ["EVENT_TYPES", "Timeline"]
+
+EVENT_TYPES = frozenset(
+    {
+        "call_started",
+        "speech_started",
+        "speech_stopped",
+        "barge_in",
+        "interrupt_suppressed",
+        "clear_sent",
+        "bot_utterance_started",
+        "bot_utterance_finished",
+        "bot_utterance_interrupted",
+        "bot_utterance_paused",
+        "bot_utterance_resumed",
+        "dtmf",
+        "transcript",
+        "call_ended",
+    }
+)
+
+log = logging.getLogger("callgate.timeline")
+
+
+class Timeline:
+    """Collects events; optionally streams them as JSON lines and to listeners."""
+
+    def __init__(self, *, sink: IO[str] | None = None, keep: bool = True) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._sink = sink
+        self._keep = keep
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._listeners.append(fn)
+
+    def emit(self, t_ms: float, type_: str, **fields: Any) -> dict[str, Any]:
+        if type_ not in EVENT_TYPES:
+            raise ValueError(f"unknown timeline event type {type_!r}")
+        event = {"t_ms": round(float(t_ms), 3), "type": type_, **fields}
+        if self._keep:
+            self.events.append(event)
+        if self._sink is not None:
+            self._sink.write(json.dumps(event, separators=(",", ":")) + "\n")
+        for fn in self._listeners:
+            fn(event)
+        log.debug("event %s", event)
+        return event
+
+    def of_type(self, *types: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] in types]

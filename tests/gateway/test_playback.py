@@ -1,0 +1,107 @@
+"""Playback truth from Twilio marks: what was echoed before a `clear` is heard, nothing after."""
+
+from __future__ import annotations
+
+from gateway.playback import Playback, UtteranceState
+from gateway.twilio_sim import TwilioPlayout
+
+SID = "MZ" + "a" * 32
+
+
+def _run(pb: Playback, tw: TwilioPlayout, t0: float, t1: float) -> None:
+    """Advance the media clock from t0 to t1 in 20 ms steps, as the call controller does."""
+    t = t0
+    while t < t1:
+        for name in _names(tw.advance(t)):
+            _deliver(pb, tw, pb.on_mark(name, t), t)
+        _deliver(pb, tw, pb.pump(t), t)
+        t += 20
+
+
+def _names(frames: list[str]) -> list[str]:
+    from gateway import twilio_protocol as tp
+
+    out = []
+    for f in frames:
+        m = tp.parse_message(f)
+        assert isinstance(m, tp.Mark)
+        out.append(m.name)
+    return out
+
+
+def _deliver(pb: Playback, tw: TwilioPlayout, out: object, t: float) -> list[str]:
+    from gateway import twilio_protocol as tp
+
+    echoes: list[str] = []
+    if getattr(out, "clear", False):
+        echoes += tw.receive(tp.clear_message(SID), at_ms=t)
+    for c in getattr(out, "chunks", []):
+        tw.receive(tp.media_message(SID, c.payload), at_ms=t)
+        tw.receive(tp.mark_message(SID, c.mark), at_ms=t)
+    return echoes
+
+
+def test_only_marks_echoed_before_clear_count_as_heard() -> None:
+    pb = Playback(lead_ms=240)
+    tw = TwilioPlayout(stream_sid=SID)
+    for uid in ("u1", "u2"):
+        pb.start(uid, node="n", interruptible=True)
+        pb.add_audio(uid, b"\x7f" * 8000)  # 1 s each
+        pb.end(uid)
+    _run(pb, tw, 0, 500)
+    u1 = pb.get("u1")
+    assert u1 is not None and u1.state is UtteranceState.PLAYING
+    heard_before = u1.heard
+    assert 0 < heard_before < 8000
+    # The caller barges in: clear; Twilio echoes every pending mark at once.
+    u, out = pb.interrupt(500)
+    assert u is u1 and out.clear
+    clear_echoes = _deliver(pb, tw, out, 500)
+    assert clear_echoes, "Twilio echoes the pending marks on clear"
+    for name in _names(clear_echoes):
+        pb.on_mark(name, 500)
+    assert u1.heard == heard_before  # the clear's echoes proved nothing
+    assert u1.state is UtteranceState.INTERRUPTED
+    # u2 plays on, fully, and its marks count.
+    _run(pb, tw, 520, 2000)
+    u2 = pb.get("u2")
+    assert u2 is not None and u2.state is UtteranceState.FINISHED and u2.heard == 8000
+    assert tw.stats.marks_echoed_on_clear == len(clear_echoes)
+
+
+def test_pause_and_resume_continue_from_the_heard_point() -> None:
+    pb = Playback(lead_ms=200)
+    tw = TwilioPlayout(stream_sid=SID, keep_audio=True)
+    audio = bytes(range(256)) * 32  # 8192 bytes, recognisable positions
+    pb.start("u", node="n", interruptible=True)
+    pb.add_audio("u", audio)
+    pb.end("u")
+    _run(pb, tw, 0, 400)
+    u = pb.get("u")
+    assert u is not None
+    heard = u.heard
+    out = pb.pause(400)
+    for name in _names(_deliver(pb, tw, out, 400)):
+        pb.on_mark(name, 400)
+    assert u.state is UtteranceState.PAUSED and u.heard == heard and u.sent == heard
+    _run(pb, tw, 420, 600)  # paused: nothing is sent
+    assert u.sent == heard
+    res = pb.resume(600)
+    assert [e["type"] for e in res.events] == ["bot_utterance_resumed"]
+    _deliver(pb, tw, res, 600)
+    _run(pb, tw, 620, 2400)
+    assert u.state is UtteranceState.FINISHED
+    # The caller heard a prefix, then everything from the heard point on: nothing skipped.
+    played = bytes(tw.stats.played)
+    assert played.endswith(audio[heard:])
+
+
+def test_non_interruptible_utterance_cannot_be_interrupted() -> None:
+    pb = Playback()
+    pb.start("pay", node="payment", interruptible=False)
+    pb.add_audio("pay", b"\x7f" * 1600)
+    pb.end("pay")
+    pb.pump(0)
+    u, out = pb.interrupt(40)
+    assert u is None and not out.clear
+    assert pb.get("pay").state is UtteranceState.PLAYING  # type: ignore[union-attr]

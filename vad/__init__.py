@@ -1,0 +1,65 @@
+"""Voice activity and the barge-in decision.
+
+* ``_silero``: Silero VAD at 8 kHz, ONNX or TorchScript behind one interface.
+* ``_engine``: one engine per process; every call's windows batched into shared inferences.
+* ``_echo``: the per-call echo and noise gate (is the inbound louder than the bot's own echo?).
+* ``_features``: voicing and DTMF-likeness of a window.
+* ``_policy``: :class:`BargeInPolicy`, the one place where barge-in is decided.
+"""
+
+from ._echo import EchoGate, EchoGateSettings, GateReading
+from ._engine import (
+    EngineClosed,
+    EngineError,
+    EngineNotStarted,
+    EngineStats,
+    StreamClosed,
+    VadEngine,
+    VadStream,
+    WindowResult,
+)
+from ._features import WindowFeatures, window_features
+from ._policy import BargeInPolicy, BargeInSettings, BotState, Decision, PolicyState
+from ._silero import (
+    InferenceError,
+    InvalidAudio,
+    OnnxSilero,
+    RuntimeName,
+    RuntimeUnavailable,
+    SileroRuntime,
+    TorchScriptSilero,
+    VadError,
+    load_runtime,
+    probabilities,
+)
+
+__all__ = [
+    "BargeInPolicy",
+    "BargeInSettings",
+    "BotState",
+    "Decision",
+    "EchoGate",
+    "EchoGateSettings",
+    "EngineClosed",
+    "EngineError",
+    "EngineNotStarted",
+    "EngineStats",
+    "GateReading",
+    "InferenceError",
+    "InvalidAudio",
+    "OnnxSilero",
+    "PolicyState",
+    "RuntimeName",
+    "RuntimeUnavailable",
+    "SileroRuntime",
+    "StreamClosed",
+    "TorchScriptSilero",
+    "VadEngine",
+    "VadError",
+    "VadStream",
+    "WindowFeatures",
+    "WindowResult",
+    "load_runtime",
+    "probabilities",
+    "window_features",
+]

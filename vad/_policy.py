@@ -1,0 +1,199 @@
+"""The barge-in decision: one per call, one place, stepped window by window.
+
+Every 32 ms VAD window brings Silero's speech probability, the echo/noise gate reading and two
+cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order:
+
+1. **Is this window the caller?** Either Silero says speech (``p >= p_on``) *and* the window is
+   louder than the predicted echo and the noise floor by their margins, or the window is *far*
+   louder than echo and noise (``strong_*_db``), is not a DTMF tone, and is voiced or at least
+   half-believed by Silero. The second path catches onsets Silero is slow on (weak first words,
+   speech in kitchen noise) without letting coughs, clicks or the bot's echo through.
+2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
+   default) start a speech turn; ``stop_windows`` windows without speech end it.
+3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
+   starts, the bot is **paused** at once (Twilio ``clear``); this is the low-latency stop. The
+   interrupt is **committed** (the agent is told to drop its reply) only once the caller has
+   talked for ``commit_ms``. If the caller stops sooner, it was a backchannel ("uh-huh", "yes") or
+   a noise, and playback **resumes** from what the caller actually heard. A *non-interruptible*
+   utterance is never paused: speech over it is reported once as suppressed.
+
+The policy does no I/O; the call controller acts on the :class:`Decision` values it returns.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ._echo import GateReading
+from ._features import WindowFeatures
+
+__all__ = ["BargeInPolicy", "BargeInSettings", "BotState", "Decision", "PolicyState"]
+
+WINDOW_MS = 32.0
+
+
+@dataclass(frozen=True, slots=True)
+class BargeInSettings:
+    """Per-agent barge-in tuning; defaults work on phone lines."""
+
+    p_on: float = 0.5
+    """Silero probability that makes a gated window speech."""
+    p_off: float = 0.3
+    """Below this (and not a strong window) a window counts towards the end of speech."""
+    p_weak: float = 0.15
+    """Silero floor for the strong-energy path when the window is not clearly voiced."""
+    strong_noise_db: float = 12.0
+    strong_echo_db: float = 10.0
+    voicing_min: float = 0.6
+    voiced_min: float = 0.8
+    """Clearly voiced windows that pass the gates need only ``p_weak`` from Silero (speech in
+    loud noise, where Silero stays low for half a second)."""
+    dtmf_max: float = 0.6
+    instant_margin_db: float = 25.0
+    """A window this far over noise and echo, voiced and Silero-confirmed, starts speech alone."""
+    start_windows: int = 2
+    """Caller windows in a row that start speech (and pause an interruptible bot)."""
+    stop_windows: int = 5
+    """Non-speech windows in a row that end speech."""
+    commit_ms: float = 640.0
+    """Speech needed after a pause before the interrupt is committed to the agent."""
+    max_pause_ms: float = 2500.0
+    """A pause never lasts longer than this without a decision (then: commit if speech)."""
+    resume_on_backchannel: bool = True
+    """False: every pause commits (no resume); for agents that prefer to stop on any speech."""
+
+
+class BotState(enum.Enum):
+    """What is on the line from the bot's side at this window."""
+
+    SILENT = "silent"  # nothing playing
+    INTERRUPTIBLE = "interruptible"  # an utterance that may be cut off is playing
+    NON_INTERRUPTIBLE = "non_interruptible"  # an utterance that must be heard in full
+
+
+class PolicyState(enum.Enum):
+    IDLE = "idle"  # caller silent
+    SPEAKING = "speaking"  # caller talking, bot not paused by us
+    PAUSED = "paused"  # caller talking over an interruptible utterance; bot paused, undecided
+    INTERRUPTED = "interrupted"  # interrupt committed; caller's turn
+
+
+class Decision(enum.Enum):
+    SPEECH_STARTED = "speech_started"
+    SPEECH_STOPPED = "speech_stopped"
+    PAUSE = "pause"  # send `clear` now, keep the utterance to resume
+    COMMIT = "commit"  # publish the interrupt: the utterance is over
+    RESUME = "resume"  # the speech was a backchannel/noise: play on from the heard point
+    SUPPRESSED = "suppressed"  # speech over a non-interruptible utterance
+
+
+class BargeInPolicy:
+    """Stateful decision for one call. Feed :meth:`step` once per VAD window, in order."""
+
+    def __init__(self, settings: BargeInSettings | None = None) -> None:
+        self.settings = settings or BargeInSettings()
+        self.state = PolicyState.IDLE
+        self._run = 0  # consecutive caller windows
+        self._quiet = 0  # consecutive non-speech windows while speaking
+        self._speech_ms = 0.0  # speech since the pause
+        self._paused_ms = 0.0
+        self._suppressed_this_turn = False
+
+    def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+        """Step 1 of the module docstring: does this window sound like the caller talking?"""
+        s = self.settings
+        if not gate.passes:
+            return False
+        if prob >= s.p_on:
+            return True
+        strong = (
+            gate.level_db - gate.noise_db >= s.strong_noise_db
+            and gate.level_db - gate.echo_db >= s.strong_echo_db
+            and feat.dtmf < s.dtmf_max
+        )
+        if strong and (feat.voicing >= s.voicing_min or prob >= s.p_weak):
+            return True
+        return feat.voicing >= s.voiced_min and prob >= s.p_weak and feat.dtmf < s.dtmf_max
+
+    def is_instant(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+        """A window so clearly the caller that it needs no second one."""
+        s = self.settings
+        return (
+            gate.passes
+            and prob >= s.p_on
+            and feat.voicing >= s.voicing_min
+            and feat.dtmf < s.dtmf_max
+            and gate.level_db - gate.noise_db >= s.instant_margin_db
+            and gate.level_db - gate.echo_db >= s.instant_margin_db
+        )
+
+    def step(
+        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotState
+    ) -> list[Decision]:
+        s = self.settings
+        caller = self.is_caller(prob, gate, feat)
+        speechy = caller or prob >= s.p_off and gate.passes
+        out: list[Decision] = []
+        self._run = self._run + 1 if caller else 0
+        if caller and self._run < s.start_windows and self.is_instant(prob, gate, feat):
+            self._run = s.start_windows
+
+        if self.state is PolicyState.IDLE:
+            if self._run >= s.start_windows:
+                out.append(Decision.SPEECH_STARTED)
+                self._quiet = 0
+                self._suppressed_this_turn = False
+                if bot is BotState.INTERRUPTIBLE:
+                    self.state = PolicyState.PAUSED
+                    self._speech_ms = self._run * WINDOW_MS
+                    self._paused_ms = 0.0
+                    out.append(Decision.PAUSE)
+                    if not s.resume_on_backchannel:
+                        self.state = PolicyState.INTERRUPTED
+                        out.append(Decision.COMMIT)
+                else:
+                    self.state = PolicyState.SPEAKING
+                    if bot is BotState.NON_INTERRUPTIBLE:
+                        self._suppressed_this_turn = True
+                        out.append(Decision.SUPPRESSED)
+            return out
+
+        # The caller is talking (SPEAKING, PAUSED or INTERRUPTED).
+        self._quiet = 0 if speechy else self._quiet + 1
+        if self.state is PolicyState.SPEAKING:
+            if bot is BotState.NON_INTERRUPTIBLE and not self._suppressed_this_turn and caller:
+                self._suppressed_this_turn = True
+                out.append(Decision.SUPPRESSED)
+            elif bot is BotState.INTERRUPTIBLE and self._run >= s.start_windows:
+                # The bot started (or came back) while the caller was already talking.
+                self.state = PolicyState.PAUSED
+                self._speech_ms = self._run * WINDOW_MS
+                self._paused_ms = 0.0
+                out.append(Decision.PAUSE)
+        elif self.state is PolicyState.PAUSED:
+            self._paused_ms += WINDOW_MS
+            if caller:
+                self._speech_ms += WINDOW_MS
+            if self._speech_ms >= s.commit_ms or (
+                self._paused_ms >= s.max_pause_ms and self._quiet < s.stop_windows
+            ):
+                self.state = PolicyState.INTERRUPTED
+                out.append(Decision.COMMIT)
+            elif self._quiet >= s.stop_windows:
+                out.append(Decision.RESUME)
+                out.append(Decision.SPEECH_STOPPED)
+                self._reset_idle()
+                return out
+
+        if self._quiet >= s.stop_windows:
+            out.append(Decision.SPEECH_STOPPED)
+            self._reset_idle()
+        return out
+
+    def _reset_idle(self) -> None:
+        self.state = PolicyState.IDLE
+        self._run = 0
+        self._quiet = 0
+        self._speech_ms = 0.0
+        self._paused_ms = 0.0
