@@ -62,6 +62,7 @@ class LiveServer:
         fut.result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
+        self.loop.close()
 
 
 @pytest.fixture(scope="module")
