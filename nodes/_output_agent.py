@@ -1,0 +1,192 @@
+"""OutputAgentNode: a node whose words reach the caller.
+
+On ``system.llm.request`` the node runs ``generate_response()`` inside its loop task and emits
+``agent.llm.response.start``, one ``agent.llm.response.chunk`` per yielded string and
+``agent.llm.response.end`` (also when the generation fails or is cancelled by a barge-in; a failure
+additionally emits ``agent.error``).
+
+The node keeps the conversation in ``self.context``: user messages arrive as
+``agent.transcript.update`` events, and the node records what it says itself: the text it yields
+becomes one assistant message (created at the first non-empty chunk, so an LLM call made before
+it does not see an empty assistant turn), and ``speak(text)`` adds one too. Do not add your own
+assistant text message. When the caller barges in, the session worker cuts that message to what
+the caller actually heard (``_truncate_response``); a node with ``is_interruptible=False`` is never
+cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ._context import ContextManager
+from ._events import (
+    OutputAgentSettings,
+    SDKAgentErrorEvent,
+    SDKAgentLLMResponseChunkEvent,
+    SDKAgentLLMResponseEndEvent,
+    SDKAgentLLMResponseStartEvent,
+    SDKAgentSpeakEvent,
+    SDKAgentTranscriptUpdateEvent,
+    SDKEvent,
+    SDKSystemLLMRequestEvent,
+    SDKSystemUpdateOutputAgentSettingsEvent,
+    SDKSystemUserJoinedEvent,
+)
+from ._node import Node
+
+__all__ = ["OutputAgentNode"]
+
+logger = logging.getLogger(__name__)
+
+# Responses remembered for a later cut: a barge-in can arrive long after the text was generated,
+# while the gateway is still playing it.
+_REMEMBERED_RESPONSES = 64
+
+
+@dataclass(slots=True)
+class _Response:
+    request_id: str
+    message: dict[str, Any] | None = None
+    frozen: bool = False  # cut by an interrupt: later chunks no longer reach the context
+
+
+class OutputAgentNode(Node):
+    """Base class for agents that talk to the caller.
+
+    Subclasses implement ``generate_response()``, an async generator of text chunks.
+
+    Args:
+        name: Node name (defaults to the class name).
+        is_interruptible: False for messages the caller must hear in full (payments, legal
+            disclosures): a barge-in neither cancels nor cuts them.
+
+    Attributes:
+        context: The conversation (OpenAI-format messages).
+        settings: Output settings the platform may update.
+        greeting: If set, spoken when the caller joins (``system.user.joined``).
+    """
+
+    greeting: str | None = None
+
+    def __init__(self, name: str | None = None, is_interruptible: bool = True) -> None:
+        super().__init__(name, is_interruptible)
+        self.settings = OutputAgentSettings()
+        self.context = ContextManager()
+        self._responses: OrderedDict[str, _Response] = OrderedDict()
+
+    async def process_event(self, event: SDKEvent) -> None:
+        """Act on the event, then pass it on to the children."""
+        await super().process_event(event)
+        if isinstance(event, SDKSystemLLMRequestEvent):
+            await self._handle_llm_request()
+        elif isinstance(event, SDKAgentTranscriptUpdateEvent):
+            self.context.add_message({"role": event.role, "content": event.content})
+            event._mark_applied()
+        elif isinstance(event, SDKSystemUpdateOutputAgentSettingsEvent):
+            await self._update_settings(event.settings)
+        elif isinstance(event, SDKSystemUserJoinedEvent) and self.greeting:
+            await self.speak(self.greeting)
+        await self.send_event(event)
+
+    async def _update_settings(self, settings: dict[str, Any]) -> None:
+        for key, value in settings.items():
+            setattr(self.settings, key, value)
+
+    async def speak(self, text: str) -> None:
+        """Say ``text`` as one utterance (also recorded as an assistant message)."""
+        if not self.is_running:
+            logger.warning("[%s] not running, cannot speak", self.name)
+            return
+        response = self._new_response()
+        self._record(response, text)
+        await self._emit(SDKAgentSpeakEvent(text=text, request_id=response.request_id))
+
+    async def generate_response(self) -> AsyncIterator[str]:
+        """Yield the response's text chunks; read the conversation from ``self.context``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement generate_response()")
+        yield ""  # pragma: no cover - makes this an async generator
+
+    # -- internals --------------------------------------------------------------------------
+    def _new_response(self) -> _Response:
+        response = _Response(request_id=uuid.uuid4().hex[:16])
+        self._responses[response.request_id] = response
+        while len(self._responses) > _REMEMBERED_RESPONSES:
+            self._responses.popitem(last=False)
+        return response
+
+    def _record(self, response: _Response, text: str) -> None:
+        if response.frozen or not text:
+            return
+        if response.message is None:
+            response.message = {"role": "assistant", "content": text}
+            self.context.add_message(response.message)
+        else:
+            response.message["content"] += text
+
+    def _unrecord(self, response: _Response, text: str) -> None:
+        message = response.message
+        if response.frozen or not text or message is None:
+            return
+        content = message["content"]
+        if content.endswith(text):
+            message["content"] = content[: len(content) - len(text)]
+        if not message["content"]:
+            self.context.remove_message(message)
+            response.message = None
+
+    def _truncate_response(self, request_id: str, text: str) -> bool:
+        """Cut the assistant message of response ``request_id`` to ``text`` (what was heard).
+
+        Later chunks of that response are no longer recorded. An empty ``text`` removes the
+        message. Returns False when the response is unknown (too old).
+        """
+        response = self._responses.get(request_id)
+        if response is None:
+            return False
+        response.frozen = True
+        if response.message is not None:
+            if text:
+                response.message["content"] = text
+            else:
+                self.context.remove_message(response.message)
+                response.message = None
+        return True
+
+    async def _emit(self, event: SDKEvent) -> None:
+        event._origin = self
+        event._epoch = self._epoch
+        await self.send_event(event)
+
+    async def _handle_llm_request(self) -> None:
+        response = self._new_response()
+        rid = response.request_id
+        await self._emit(SDKAgentLLMResponseStartEvent(request_id=rid))
+        chunks = self.generate_response()
+        try:
+            async for chunk in chunks:
+                text = "" if chunk is None else str(chunk)
+                self._record(response, text)
+                try:
+                    await self._emit(SDKAgentLLMResponseChunkEvent(text=text, request_id=rid))
+                except asyncio.CancelledError:
+                    # Cancelled while waiting to hand the chunk over: it was never said.
+                    self._unrecord(response, text)
+                    raise
+        except Exception as exc:
+            logger.exception("[%s] error during generation", self.name)
+            await self._emit(SDKAgentErrorEvent(message=str(exc) or type(exc).__name__))
+        finally:
+            # Close the generator here, not at garbage collection: that is what stops an LLM
+            # stream (and its HTTP request) that a barge-in cancelled.
+            try:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                await self._emit(SDKAgentLLMResponseEndEvent(request_id=rid))

@@ -1,0 +1,642 @@
+"""SessionWorker: runs the agent of every call this worker claims from the bus.
+
+For each call the worker builds an ``AgentSession``, runs the agent's ``setup(session)`` in a task,
+and once setup awaits ``session.wait_until_complete()`` it restores any saved conversation and
+starts two loops: uplink events become SDK events, and the graph's output becomes downlink
+utterances.
+
+Uplink (gateway -> worker; every event has ``type`` and ``eid``):
+
+* ``call_started`` -> ``system.user.joined`` (an output node with ``greeting`` speaks it)
+* ``transcript`` {text, final} with ``final`` true (or absent) -> ``agent.transcript.update``
+  (role user; each output node adds it to its context) and ``system.llm.request``
+* ``interrupt`` {utterance_id, heard_ms, heard_text?} -> the cut described below, then
+  ``SDKSystemControlInterruptEvent``
+* ``speech_started`` / ``speech_stopped`` -> ``system.user.started_speaking`` / ``stopped_speaking``
+* ``dtmf`` {digit} -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
+* ``call_ended`` -> the session stops; ``interrupt_suppressed`` and ``playback`` are acked only.
+
+Each message is acked once handled; an ``eid`` seen before is acked and dropped. A final
+transcript is acked only once an output node has put the user message into its context and the
+conversation has been saved, so a worker dying in between leaves it to be redelivered.
+
+Downlink (worker -> gateway), one utterance per response (or ``speak``) of an output node:
+
+* ``utterance_start`` {utterance_id, node, interruptible, text?} (``text`` only for ``speak``,
+  where the whole text is known up front)
+* ``audio`` {utterance_id, payload, text, text_start, text_end, audio_ms, duration_ms}: payload is
+  base64 mu-law 8 kHz; ``text`` is the chunk this audio speaks, at characters
+  [text_start, text_end) of the utterance's text; ``audio_ms`` is the cumulative audio of the
+  utterance at the end of this event and ``duration_ms`` this event's share.
+* ``utterance_end`` {utterance_id, interrupted, text}: ``text`` is everything synthesized.
+* ``hangup`` {} and ``transfer`` {to}, when a node emits ``agent.end_call`` or
+  ``agent.transfer_call``; the worker also ends or redirects the call through Twilio's REST API
+  when it was given a Twilio client.
+
+Barge-in: for an ``interrupt`` naming an utterance of an interruptible node, the worker stops
+sending that utterance's audio, cuts the assistant message the node keeps in its context to what
+the caller heard, cuts later interruptible utterances (queued behind it, never heard) to nothing,
+pushes ``SDKSystemControlInterruptEvent`` into the graph, which cancels the node's generation (its
+LLM stream and unfinished tools included), and saves the conversation. Output that an interrupted
+node emitted before the interrupt but that has not started playing (a response queued behind the
+interrupted one) is dropped and cut from the context too. ``heard_ms`` maps to
+text as described in ``nodes._alignment``: by the audio duration of each chunk, proportionally by
+characters within a chunk, cut back to a word boundary. Without ``heard_ms`` the gateway's
+``heard_text`` is used; with neither, everything sent counts as heard. An ``interrupt`` naming an
+utterance of a node with ``is_interruptible=False`` (the gateway sends ``interrupt_suppressed``
+instead, so this is a gateway bug) is logged and dropped: nothing is cancelled or cut, and the
+graph never sees it. An ``interrupt`` naming an unknown utterance still cancels the interruptible
+generations but cuts nothing.
+
+Persistence: after every response ends, after every cut and after each applied transcript, the
+worker saves ``{"version": 1, "nodes": {name: messages}, "last_eid", "through", "handled_eids"}``
+with ``bus.save_context(call_sid, snapshot, through=...)``, ``through`` being the last uplink
+message id up to which every message is reflected in the snapshot (a transcript not yet applied
+holds it back); a worker that claims a call with a saved conversation restores each output
+node's context by node name and skips the handled eids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import importlib
+import logging
+import os
+import socket
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from bus import Bus, CallInfo, Event
+
+from ._alignment import UtteranceAlignment
+from ._call_control import CallControl, TwilioCallControl
+from ._errors import AgentLoadError, CallControlError
+from ._events import (
+    ConversationType,
+    SDKAgentEndCallEvent,
+    SDKAgentErrorEvent,
+    SDKAgentLLMResponseChunkEvent,
+    SDKAgentLLMResponseEndEvent,
+    SDKAgentSpeakEvent,
+    SDKAgentTranscriptUpdateEvent,
+    SDKAgentTransferConversationEvent,
+    SDKSystemControlInterruptEvent,
+    SDKSystemInitEvent,
+    SDKSystemLLMRequestEvent,
+    SDKSystemUserDTMFEvent,
+    SDKSystemUserJoinedEvent,
+    SDKSystemUserStartedSpeakingEvent,
+    SDKSystemUserStoppedSpeakingEvent,
+    SessionContext,
+)
+from ._node import Node
+from ._output_agent import OutputAgentNode
+from ._session import AgentSession, SessionState
+from ._tts import MULAW_BYTES_PER_MS, Synthesizer, ToneSynthesizer
+
+__all__ = ["AgentFactory", "SessionWorker", "SetupFn", "load_agent"]
+
+logger = logging.getLogger(__name__)
+
+SetupFn = Callable[[AgentSession], Awaitable[None]]
+AgentFactory = Callable[[CallInfo], SetupFn]
+
+SNAPSHOT_VERSION = 1
+# Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
+_KEPT_EIDS = 1000
+
+
+def load_agent(spec: str) -> SetupFn:
+    """The setup function named ``"package.module:function"``.
+
+    Raises:
+        AgentLoadError: malformed name, module not importable, or no such callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AgentLoadError(f"agent {spec!r}: expected 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AgentLoadError(f"agent {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise AgentLoadError(f"agent {spec!r}: {module_name} has no {attr!r}") from exc
+    if not callable(target):
+        raise AgentLoadError(f"agent {spec!r}: {attr!r} is not callable")
+    return cast(SetupFn, target)
+
+
+@dataclass(slots=True)
+class _Utterance:
+    utterance_id: str
+    seq: int
+    node: Node | None
+    request_id: str | None
+    interruptible: bool
+    alignment: UtteranceAlignment = field(default_factory=UtteranceAlignment)
+    interrupted: bool = False
+    ended: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    info: CallInfo
+    session: AgentSession
+    utterances: dict[str, _Utterance] = field(default_factory=dict)
+    by_request: dict[str, _Utterance] = field(default_factory=dict)
+    handled: dict[str, None] = field(default_factory=dict)  # eids, in handling order
+    # eid -> bus message id of transcripts handled but maybe not yet in a node's context;
+    # they stay unacked and outside the snapshot until applied
+    unapplied: dict[str, str] = field(default_factory=dict)
+    # bus message ids in delivery order since ``covered``, the last id whose message and all
+    # before it are reflected in the conversation (what ``save_context(through=)`` takes)
+    order: deque[str] = field(default_factory=deque)
+    covered: str | None = None
+    ack_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    last_eid: str | None = None
+    seq: int = 0
+
+    def through(self) -> str | None:
+        waiting = set(self.unapplied.values())
+        while self.order and self.order[0] not in waiting:
+            self.covered = self.order.popleft()
+        return self.covered
+
+    @property
+    def sid(self) -> str:
+        return self.info.call_sid
+
+
+class SessionWorker:
+    """Claims calls from the bus and runs an agent session for each.
+
+    Args:
+        bus: The bus shared with the gateways.
+        agent_factory: Maps a call to its agent's ``setup(session)`` coroutine function, e.g.
+            ``lambda call: load_agent("myagents.support:setup")``.
+        worker_id: This worker's consumer name on the bus (default: host, pid and a random id).
+        synthesizer: Text to mu-law 8 kHz audio (default: ``ToneSynthesizer()``, a test double).
+        twilio_client: A ``twilio.rest.Client`` used to end and transfer calls.
+        call_control: Instead of ``twilio_client``, any ``CallControl``.
+        output_buffer: Response chunks a node may generate ahead of synthesis (see AgentSession).
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        agent_factory: AgentFactory,
+        worker_id: str | None = None,
+        synthesizer: Synthesizer | None = None,
+        twilio_client: Any = None,
+        call_control: CallControl | None = None,
+        output_buffer: int = 1,
+    ) -> None:
+        self._bus = bus
+        self._agent_factory = agent_factory
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._synth: Synthesizer = synthesizer or ToneSynthesizer()
+        if call_control is None and twilio_client is not None:
+            call_control = TwilioCallControl(twilio_client)
+        self._call_control = call_control
+        self._output_buffer = output_buffer
+        self._calls: dict[str, _Call] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    # -- public -----------------------------------------------------------------------------
+    @property
+    def sessions(self) -> dict[str, AgentSession]:
+        """The sessions of the calls in progress, by call SID."""
+        return {sid: call.session for sid, call in self._calls.items()}
+
+    async def run(self) -> None:
+        """Handle every call claimed from the bus, each in its own task, until the bus ends."""
+        async for call in self._bus.claim_calls(self.worker_id):
+            if call.call_sid in self._tasks:
+                continue
+            task = asyncio.get_running_loop().create_task(
+                self.handle_call(call), name=f"call:{call.call_sid}"
+            )
+            self._tasks[call.call_sid] = task
+            task.add_done_callback(lambda t, sid=call.call_sid: self._call_done(sid, t))
+
+    def _call_done(self, sid: str, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(sid, None)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("call %s failed", sid, exc_info=task.exception())
+
+    async def join(self, call_sid: str) -> None:
+        """Wait until this worker is done with the call (if it is handling it)."""
+        task = self._tasks.get(call_sid)
+        if task is not None:
+            await asyncio.wait({task})
+
+    async def aclose(self) -> None:
+        """Cancel the calls in progress (their state stays saved for another worker)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def handle_call(self, call: CallInfo) -> None:
+        """Run one call from claim to ``call_ended``."""
+        session = AgentSession(
+            call.call_sid, init_event=self._init_event(call), output_buffer=self._output_buffer
+        )
+        state = _Call(call, session)
+        self._calls[call.call_sid] = state
+        setup_task = asyncio.get_running_loop().create_task(
+            self._run_setup(call, session), name=f"setup:{call.call_sid}"
+        )
+        pump_task: asyncio.Task[None] | None = None
+        ended_normally = False
+        try:
+            if await self._setup_ready(session, setup_task):
+                await self._restore(state)
+                pump_task = asyncio.get_running_loop().create_task(
+                    self._pump(state), name=f"output:{call.call_sid}"
+                )
+            else:
+                await self._send(state, {"type": "hangup"})
+                await self._control(state, "end")
+            await self._consume_uplink(state)
+            ended_normally = True
+        finally:
+            await self._finish(state, setup_task, pump_task, ended_normally)
+
+    # -- setup ------------------------------------------------------------------------------
+    @staticmethod
+    def _init_event(call: CallInfo) -> SDKSystemInitEvent:
+        variables: dict[str, Any] = {
+            "call_sid": call.call_sid,
+            "from_number": call.from_number,
+            "to_number": call.to_number,
+            "agent": call.agent,
+            **call.params,
+        }
+        return SDKSystemInitEvent(
+            session_context=SessionContext(
+                initial_variables=variables, conversation_type=ConversationType.TELEPHONY_INBOUND
+            )
+        )
+
+    async def _run_setup(self, call: CallInfo, session: AgentSession) -> None:
+        setup = self._agent_factory(call)  # a factory that fails is a failed setup
+        await setup(session)
+
+    @staticmethod
+    async def _setup_ready(session: AgentSession, setup_task: asyncio.Task[None]) -> bool:
+        ready = asyncio.get_running_loop().create_task(session.wait_for_setup())
+        try:
+            await asyncio.wait({ready, setup_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            await asyncio.wait({ready})
+        if setup_task.done() and not setup_task.cancelled() and setup_task.exception():
+            logger.error(
+                "agent setup for %s failed", session.session_id, exc_info=setup_task.exception()
+            )
+            return False
+        if session.state is not SessionState.RUNNING:
+            logger.error("agent setup for %s did not start the session", session.session_id)
+            return False
+        return True
+
+    async def _restore(self, state: _Call) -> None:
+        saved = await self._bus.load_context(state.sid)
+        if not saved:
+            return
+        if saved.get("version") != SNAPSHOT_VERSION:
+            logger.warning(
+                "call %s: ignoring saved context of version %r", state.sid, saved.get("version")
+            )
+            return
+        contexts = saved.get("nodes") or {}
+        for node in state.session.output_nodes:
+            messages = contexts.get(node.name)
+            if isinstance(messages, list):
+                node.context.replace_messages(messages)
+        state.handled = dict.fromkeys(str(e) for e in saved.get("handled_eids") or ())
+        last = saved.get("last_eid")
+        state.last_eid = str(last) if last is not None else None
+        logger.info("call %s resumed with %d handled events", state.sid, len(state.handled))
+
+    async def _finish(
+        self,
+        state: _Call,
+        setup_task: asyncio.Task[None],
+        pump_task: asyncio.Task[None] | None,
+        ended_normally: bool,
+    ) -> None:
+        ack_tasks = list(state.ack_tasks)
+        for task in ack_tasks:
+            task.cancel()
+        if ack_tasks:
+            await asyncio.wait(ack_tasks)
+        await state.session.stop()
+        for task in (pump_task, setup_task):
+            if task is None:
+                continue
+            if not ended_normally:
+                task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is not None and task is pump_task:
+                logger.error("call %s: output failed", state.sid, exc_info=task.exception())
+        if setup_task.done() and not setup_task.cancelled():
+            setup_task.exception()  # retrieved (and logged in _setup_ready) on failure
+        if ended_normally:
+            # The call is over: everything handled counts, nothing needs redelivery.
+            pending = list(state.unapplied.values())
+            state.unapplied.clear()
+            await self._save(state)
+            for msg_id in pending:
+                await self._bus.ack(state.sid, msg_id)
+        self._calls.pop(state.sid, None)
+
+    # -- uplink -----------------------------------------------------------------------------
+    async def _consume_uplink(self, state: _Call) -> None:
+        async for message in self._bus.uplink(state.sid, self.worker_id):
+            event = message.event
+            eid = str(event.get("eid") or message.id)
+            if eid in state.handled:
+                await self._bus.ack(state.sid, message.id)
+                continue
+            kind = event.get("type")
+            applied = await self._on_uplink(state, event)
+            state.handled[eid] = None
+            state.order.append(message.id)
+            if applied is None:
+                state.last_eid = eid
+                if kind == "interrupt":
+                    await self._save(state)  # the cut, before the ack
+                await self._bus.ack(state.sid, message.id)
+            else:
+                state.unapplied[eid] = message.id
+                task = asyncio.get_running_loop().create_task(
+                    self._ack_when_applied(state, eid, message.id, applied)
+                )
+                state.ack_tasks.add(task)
+                task.add_done_callback(state.ack_tasks.discard)
+            if kind == "call_ended":
+                return
+
+    async def _ack_when_applied(
+        self, state: _Call, eid: str, message_id: str, applied: asyncio.Event
+    ) -> None:
+        await applied.wait()
+        del state.unapplied[eid]
+        state.last_eid = eid
+        await self._save(state)
+        await self._bus.ack(state.sid, message_id)
+
+    async def _on_uplink(self, state: _Call, event: Event) -> asyncio.Event | None:
+        """Turn one uplink event into SDK events; returns what to wait for before acking."""
+        session = state.session
+        if session.state is not SessionState.RUNNING:
+            return None  # the agent never started: nothing to feed
+        kind = event.get("type")
+        if kind == "call_started":
+            await session.push_event(SDKSystemUserJoinedEvent())
+        elif kind == "speech_started":
+            await session.push_event(SDKSystemUserStartedSpeakingEvent())
+        elif kind == "speech_stopped":
+            await session.push_event(SDKSystemUserStoppedSpeakingEvent())
+        elif kind == "transcript":
+            text = event.get("text")
+            if not isinstance(text, str) or not text.strip() or not event.get("final", True):
+                return None
+            message = SDKAgentTranscriptUpdateEvent(role="user", content=text)
+            applied = asyncio.Event()
+            message._applied = applied
+            await session.push_event(message)
+            await session.push_event(SDKSystemLLMRequestEvent())
+            return applied
+        elif kind == "interrupt":
+            await self._on_interrupt(state, event)
+        elif kind == "dtmf":
+            digit = event.get("digit")
+            if isinstance(digit, str) and digit:
+                await session.push_event(SDKSystemUserDTMFEvent(digit=digit))
+            else:
+                logger.warning("call %s: dtmf without a digit: %r", state.sid, event)
+        elif kind in ("interrupt_suppressed", "playback", "call_ended"):
+            pass
+        else:
+            logger.warning("call %s: unknown uplink event %r skipped", state.sid, kind)
+        return None
+
+    async def _on_interrupt(self, state: _Call, event: Event) -> None:
+        utterance = state.utterances.get(str(event.get("utterance_id")))
+        if utterance is not None and not utterance.interruptible:
+            logger.warning(
+                "call %s: interrupt for non-interruptible utterance %s (node %s) ignored",
+                state.sid,
+                utterance.utterance_id,
+                utterance.node.name if utterance.node else None,
+            )
+            return
+        if utterance is None:
+            logger.info(
+                "call %s: interrupt for unknown utterance %r", state.sid, event.get("utterance_id")
+            )
+        else:
+            heard = self._heard_text(utterance, event)
+            self._cut(utterance, heard)
+            # Interruptible utterances queued behind it were dropped by the gateway unheard.
+            for later in state.utterances.values():
+                if later.seq > utterance.seq and later.interruptible and not later.interrupted:
+                    self._cut(later, "")
+        # Returns once every interruptible node has cancelled its generation.
+        await state.session.push_event(SDKSystemControlInterruptEvent())
+
+    @staticmethod
+    def _heard_text(utterance: _Utterance, event: Event) -> str:
+        heard_ms = event.get("heard_ms")
+        if isinstance(heard_ms, int | float) and not isinstance(heard_ms, bool):
+            return utterance.alignment.heard_text(float(heard_ms))
+        heard_text = event.get("heard_text")
+        if isinstance(heard_text, str):
+            return heard_text
+        return utterance.alignment.text
+
+    @staticmethod
+    def _cut(utterance: _Utterance, heard: str) -> None:
+        utterance.interrupted = True
+        node = utterance.node
+        if isinstance(node, OutputAgentNode) and utterance.request_id is not None:
+            node._truncate_response(utterance.request_id, heard)
+
+    # -- output -----------------------------------------------------------------------------
+    async def _pump(self, state: _Call) -> None:
+        async for event in state.session.output_events():
+            if isinstance(event, SDKAgentLLMResponseChunkEvent):
+                await self._on_chunk(state, event)
+            elif isinstance(event, SDKAgentLLMResponseEndEvent):
+                await self._on_response_end(state, event)
+            elif isinstance(event, SDKAgentSpeakEvent):
+                await self._on_speak(state, event)
+            elif isinstance(event, SDKAgentEndCallEvent):
+                await self._send(state, {"type": "hangup"})
+                await self._control(state, "end")
+            elif isinstance(event, SDKAgentTransferConversationEvent):
+                await self._send(state, {"type": "transfer", "to": event.transfer_call_number})
+                await self._control(state, "transfer", event.transfer_call_number)
+            elif isinstance(event, SDKAgentErrorEvent):
+                node = event.origin.name if event.origin else "?"
+                logger.warning(
+                    "call %s: node %s reported an error: %s", state.sid, node, event.message
+                )
+
+    async def _start_utterance(
+        self, state: _Call, origin: Node | None, request_id: str | None, text: str | None = None
+    ) -> _Utterance:
+        state.seq += 1
+        utterance = _Utterance(
+            utterance_id=f"utt-{uuid.uuid4().hex[:12]}",
+            seq=state.seq,
+            node=origin,
+            request_id=request_id,
+            interruptible=origin.is_interruptible if origin is not None else True,
+        )
+        state.utterances[utterance.utterance_id] = utterance
+        if request_id is not None:
+            state.by_request[request_id] = utterance
+        start: Event = {
+            "type": "utterance_start",
+            "utterance_id": utterance.utterance_id,
+            "node": origin.name if origin is not None else "",
+            "interruptible": utterance.interruptible,
+        }
+        if text is not None:
+            start["text"] = text
+        await self._send(state, start)
+        return utterance
+
+    async def _speak_chunk(self, state: _Call, utterance: _Utterance, text: str) -> None:
+        if utterance.interrupted or utterance.ended or not text:
+            return
+        pieces = [piece async for piece in self._synth.synthesize(text)]
+        if utterance.interrupted:
+            return  # the caller barged in while this chunk was synthesized
+        duration = sum(len(p) for p in pieces) / MULAW_BYTES_PER_MS
+        chunk = utterance.alignment.add(text, duration)
+        audio_ms = chunk.start_ms
+        for piece in pieces:
+            if utterance.interrupted:
+                return
+            piece_ms = len(piece) / MULAW_BYTES_PER_MS
+            audio_ms += piece_ms
+            await self._send(
+                state,
+                {
+                    "type": "audio",
+                    "utterance_id": utterance.utterance_id,
+                    "payload": base64.b64encode(piece).decode("ascii"),
+                    "text": text,
+                    "text_start": chunk.text_start,
+                    "text_end": chunk.text_end,
+                    "audio_ms": audio_ms,
+                    "duration_ms": piece_ms,
+                },
+            )
+
+    async def _end_utterance(self, state: _Call, utterance: _Utterance) -> None:
+        if utterance.ended:
+            return
+        utterance.ended = True
+        await self._send(
+            state,
+            {
+                "type": "utterance_end",
+                "utterance_id": utterance.utterance_id,
+                "interrupted": utterance.interrupted,
+                "text": utterance.alignment.text,
+            },
+        )
+
+    @staticmethod
+    def _drop_stale(event: SDKAgentLLMResponseChunkEvent | SDKAgentSpeakEvent) -> bool:
+        """A response the caller barged in on before any of it was played: never play it."""
+        if not event.is_stale:
+            return False
+        node = event.origin
+        if isinstance(node, OutputAgentNode) and event.request_id is not None:
+            node._truncate_response(event.request_id, "")
+        return True
+
+    async def _on_chunk(self, state: _Call, event: SDKAgentLLMResponseChunkEvent) -> None:
+        if not event.text:
+            return
+        utterance = state.by_request.get(event.request_id) if event.request_id else None
+        if utterance is None:
+            if self._drop_stale(event):
+                return
+            utterance = await self._start_utterance(state, event.origin, event.request_id)
+        await self._speak_chunk(state, utterance, event.text)
+
+    async def _on_response_end(self, state: _Call, event: SDKAgentLLMResponseEndEvent) -> None:
+        utterance = state.by_request.get(event.request_id) if event.request_id else None
+        if utterance is not None:
+            await self._end_utterance(state, utterance)
+        await self._save(state)  # end of a turn
+
+    async def _on_speak(self, state: _Call, event: SDKAgentSpeakEvent) -> None:
+        if self._drop_stale(event):
+            return
+        utterance = await self._start_utterance(state, event.origin, event.request_id, event.text)
+        await self._speak_chunk(state, utterance, event.text)
+        await self._end_utterance(state, utterance)
+        await self._save(state)
+
+    # -- effects ----------------------------------------------------------------------------
+    async def _send(self, state: _Call, event: Event) -> None:
+        await self._bus.send(state.sid, event)
+
+    async def _control(self, state: _Call, action: str, to: str = "") -> None:
+        if self._call_control is None:
+            logger.info(
+                "call %s: no Twilio client; %s sent on the downlink only", state.sid, action
+            )
+            return
+        try:
+            if action == "end":
+                await self._call_control.end_call(state.sid)
+            else:
+                await self._call_control.transfer_call(state.sid, to)
+        except CallControlError:
+            logger.exception("call %s: %s failed", state.sid, action)
+
+    def _snapshot(self, state: _Call) -> dict[str, Any]:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "nodes": {
+                node.name: copy.deepcopy(node.context.messages)
+                for node in state.session.output_nodes
+            },
+            "last_eid": state.last_eid,
+            "through": state.covered,
+            "handled_eids": [e for e in state.handled if e not in state.unapplied][-_KEPT_EIDS:],
+        }
+
+    async def _save(self, state: _Call) -> None:
+        through = state.through()
+        if through is None and state.unapplied:
+            return  # nothing is covered yet; the save after the transcript applies covers all
+        snapshot = self._snapshot(state)
+        try:
+            await self._bus.save_context(state.sid, snapshot, through=through)
+        except Exception:
+            # Losing one snapshot only matters if this worker also dies before the next one;
+            # failing the call here would hang up on the caller for sure.
+            logger.exception("call %s: saving the conversation failed", state.sid)
+

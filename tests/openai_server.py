@@ -1,0 +1,391 @@
+"""A local OpenAI-compatible chat completions server for tests: real HTTP, real SSE.
+
+``POST /v1/chat/completions`` answers from a queue of scripted responses, streamed in OpenAI's
+exact chunk format (``chat.completion.chunk`` objects as ``data:`` lines, the role chunk first,
+text deltas, tool call deltas, a finish chunk, the usage chunk when ``stream_options.include_usage``
+asks for it, then ``data: [DONE]``), or as one ``chat.completion`` object when ``stream`` is off.
+Every request is recorded.
+
+A script is a list of steps::
+
+    reply = server.respond(Text("Our hours are"), Wait(gate), Text(" nine to five."))
+    reply = server.respond(Text("Checking."), ToolCallStep("call_1", "lookup", '{"q": "x"}'))
+
+``Wait(event)`` holds the stream until the test sets the event; ``Mark(event)`` sets the event
+once everything before it has been written to the socket. Each ``ScriptedResponse`` tells what
+happened to it: ``started``, ``finished`` (sent to the end), ``disconnected`` (the client went
+away mid-stream, e.g. because a barge-in cancelled the generation).
+
+Requests are checked like OpenAI does for what the SDK relies on: a bearer token, a model, a list
+of messages with roles, and every ``tool`` message answering a ``tool_calls`` id of the assistant
+message before it; a violation is a 400 with OpenAI's error body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+__all__ = [
+    "Mark",
+    "OpenAIServer",
+    "RecordedRequest",
+    "ScriptedResponse",
+    "Text",
+    "ToolCallStep",
+    "Wait",
+]
+
+_CREATED = 1_700_000_000  # fixed, so recorded output is deterministic
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """One text delta."""
+
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStep:
+    """One tool call, streamed as a header delta and ``pieces`` argument deltas."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+    pieces: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Hold the stream until ``event`` is set."""
+
+    event: asyncio.Event
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Set ``event`` once everything before this step has been written."""
+
+    event: asyncio.Event
+
+
+Step = Text | ToolCallStep | Wait | Mark
+
+
+@dataclass(slots=True)
+class RecordedRequest:
+    """A request as the server received it."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass(eq=False, slots=True)
+class ScriptedResponse:
+    """One scripted answer and what became of it."""
+
+    steps: list[Step]
+    finish_reason: str | None = None
+    status: int = 200
+    error_message: str = ""
+    request: RecordedRequest | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def text(self) -> str:
+        """All the text this response streams."""
+        return "".join(s.content for s in self.steps if isinstance(s, Text))
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return web.json_response(body, status=status)
+
+
+def _check_messages(messages: Any) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty array"
+    open_ids: set[str] = set()
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+        ):
+            return f"messages[{i}] has no valid role"
+        role = message["role"]
+        if role == "tool":
+            if message.get("tool_call_id") not in open_ids:
+                return (
+                    f"messages[{i}]: a message with role 'tool' must be a response to a preceding "
+                    "message with 'tool_calls'"
+                )
+            if not isinstance(message.get("content"), str):
+                return f"messages[{i}].content must be a string"
+            continue
+        open_ids = set()
+        if role == "assistant":
+            for call in message.get("tool_calls") or ():
+                try:
+                    json.loads(call["function"]["arguments"])
+                except (KeyError, TypeError, ValueError):
+                    return f"messages[{i}].tool_calls has invalid function arguments"
+                open_ids.add(call.get("id"))
+    return None
+
+
+class OpenAIServer:
+    """The server; ``async with OpenAIServer() as server: ... server.base_url``.
+
+    Args:
+        model: The model name echoed in responses.
+        host: Interface to listen on (a free port is picked).
+    """
+
+    def __init__(self, *, model: str = "gpt-test", host: str = "127.0.0.1") -> None:
+        self.model = model
+        self._host = host
+        self._port = 0
+        self._queue: deque[ScriptedResponse] = deque()
+        self.requests: list[RecordedRequest] = []
+        self._runner: web.AppRunner | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._counter = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        # handler_cancellation: a client that disconnects cancels its handler, which is how a
+        # cancelled generation becomes visible here (ScriptedResponse.disconnected).
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, 0)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # type: ignore[union-attr]
+        self._port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.wait(list(self._handlers))
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> OpenAIServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as ``base_url`` to an OpenAI client."""
+        return f"http://{self._host}:{self._port}/v1"
+
+    # -- scripting --------------------------------------------------------------------------
+    def respond(self, *steps: Step, finish_reason: str | None = None) -> ScriptedResponse:
+        """Queue the answer to the next request."""
+        reply = ScriptedResponse(list(steps), finish_reason)
+        self._queue.append(reply)
+        return reply
+
+    def fail(self, status: int, message: str) -> ScriptedResponse:
+        """Queue an error answer (OpenAI's error body) for the next request."""
+        reply = ScriptedResponse([], status=status, error_message=message)
+        self._queue.append(reply)
+        return reply
+
+    @property
+    def pending(self) -> int:
+        """Scripted answers not yet used."""
+        return len(self._queue)
+
+    # -- serving ----------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            return await self._serve(request)
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        if not request.headers.get("Authorization", "").startswith("Bearer "):
+            return _error(401, "You didn't provide an API key.", "invalid_api_key")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "We could not parse the JSON body of your request.")
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return _error(400, "you must provide a model parameter")
+        problem = _check_messages(body.get("messages"))
+        if problem:
+            return _error(400, problem)
+        recorded = RecordedRequest(request.path, dict(request.headers), body)
+        self.requests.append(recorded)
+        if not self._queue:
+            return _error(500, "openai_server: no scripted response left", "server_error")
+        reply = self._queue.popleft()
+        reply.request = recorded
+        reply.started.set()
+        if reply.status != 200:
+            reply.finished.set()
+            return _error(reply.status, reply.error_message, "server_error")
+        self._counter += 1
+        completion_id = f"chatcmpl-test{self._counter:06d}"
+        if body.get("stream"):
+            return await self._stream(request, body, reply, completion_id)
+        return await self._complete(reply, completion_id)
+
+    def _finish_reason(self, reply: ScriptedResponse) -> str:
+        if reply.finish_reason:
+            return reply.finish_reason
+        return "tool_calls" if any(isinstance(s, ToolCallStep) for s in reply.steps) else "stop"
+
+    async def _complete(self, reply: ScriptedResponse, completion_id: str) -> web.Response:
+        for step in reply.steps:
+            if isinstance(step, Wait):
+                await step.event.wait()
+            elif isinstance(step, Mark):
+                step.event.set()
+        calls = [s for s in reply.steps if isinstance(s, ToolCallStep)]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.text or None,
+            "refusal": None,
+            "annotations": [],
+        }
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
+        reply.finished.set()
+        return web.json_response(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": _CREATED,
+                "model": self.model,
+                "system_fingerprint": "fp_test",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": self._finish_reason(reply),
+                    }
+                ],
+                "usage": self._usage(reply),
+            }
+        )
+
+    @staticmethod
+    def _usage(reply: ScriptedResponse) -> dict[str, int]:
+        completion = max(1, len(reply.text) // 4)
+        return {
+            "prompt_tokens": 10,
+            "completion_tokens": completion,
+            "total_tokens": 10 + completion,
+        }
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        reply: ScriptedResponse,
+        completion_id: str,
+    ) -> web.StreamResponse:
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+            data: dict[str, Any] = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": _CREATED,
+                "model": self.model,
+                "system_fingerprint": "fp_test",
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                ],
+            }
+            if include_usage:
+                data["usage"] = None
+            return data
+
+        async def send(data: dict[str, Any] | str) -> None:
+            text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+            await response.write(f"data: {text}\n\n".encode())
+
+        try:
+            await send(chunk({"role": "assistant", "content": "", "refusal": None}))
+            call_index = 0
+            for step in reply.steps:
+                if isinstance(step, Text):
+                    await send(chunk({"content": step.content}))
+                elif isinstance(step, ToolCallStep):
+                    header = {
+                        "index": call_index,
+                        "id": step.id,
+                        "type": "function",
+                        "function": {"name": step.name, "arguments": ""},
+                    }
+                    await send(chunk({"tool_calls": [header]}))
+                    size = max(1, -(-len(step.arguments) // max(1, step.pieces)))
+                    for start in range(0, len(step.arguments), size):
+                        piece = step.arguments[start : start + size]
+                        delta = {"index": call_index, "function": {"arguments": piece}}
+                        await send(chunk({"tool_calls": [delta]}))
+                    call_index += 1
+                elif isinstance(step, Wait):
+                    await step.event.wait()
+                elif isinstance(step, Mark):
+                    step.event.set()
+            await send(chunk({}, self._finish_reason(reply)))
+            if include_usage:
+                await send(
+                    {
+                        "id": completion_id,
+                        "object": "chat.completion.chunk",
+                        "created": _CREATED,
+                        "model": self.model,
+                        "system_fingerprint": "fp_test",
+                        "choices": [],
+                        "usage": self._usage(reply),
+                    }
+                )
+            await send("[DONE]")
+            await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            if not self._closing:
+                reply.disconnected.set()
+            raise
+        reply.finished.set()
+        return response
