@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway (and, with the embedded bus, a worker)")
-    s.add_argument("--host", default="0.0.0.0")
-    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--host", default=None, help="default: server.host of the config")
+    s.add_argument("--port", type=int, default=None, help="default: server.port of the config")
     s.add_argument("--config", type=Path, default=None, help="YAML config (default: config/)")
     s.add_argument("--redis", default=None, help="redis:// URL; default: embedded bus")
     s.add_argument("--no-worker", action="store_true",

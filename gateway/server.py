@@ -17,13 +17,17 @@ warning at start-up and on every call, for local development without a Twilio ac
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
+import signal
+import sys
 import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import WSMsgType, web
@@ -37,7 +41,16 @@ from .call import CallRejected, CallSession, CallSettings
 from .security import CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
-__all__ = ["GATEWAY_KEY", "GatewayApp", "GatewaySettings", "build_app"]
+__all__ = [
+    "GATEWAY_KEY",
+    "GatewayApp",
+    "GatewaySettings",
+    "build_app",
+    "call_settings_from",
+    "run_worker",
+    "serve",
+    "settings_from_config",
+]
 
 log = logging.getLogger("callgate.gateway")
 
@@ -264,3 +277,123 @@ def token_secret_from_env() -> bytes:
     if raw:
         return raw.encode()
     return secrets.token_bytes(32)
+
+
+# -- from the YAML config ---------------------------------------------------------------------
+def call_settings_from(barge_in: Any) -> CallSettings:
+    """Map an agent's ``barge_in`` section (config.BargeInConfig) to the call's settings."""
+    from dataclasses import replace
+
+    from vad import BargeInSettings, EchoGateSettings
+
+    b = barge_in
+    return CallSettings(
+        barge_in=replace(BargeInSettings(), p_on=b.p_on, p_off=b.p_off,
+                         start_windows=b.start_windows, stop_windows=b.stop_windows,
+                         commit_ms=b.commit_ms, resume_on_backchannel=b.resume_on_backchannel),
+        echo=replace(EchoGateSettings(), echo_margin_db=b.echo_margin_db,
+                     noise_margin_db=b.noise_margin_db),
+        playback_lead_ms=b.playback_lead_ms,
+        dtmf_interrupts=b.dtmf_interrupts,
+        speech_over_uninterruptible=b.speech_over_uninterruptible,
+    )
+
+
+def settings_from_config(holder: Any) -> GatewaySettings:
+    """GatewaySettings that read ``holder.current`` per call, so a reload reaches new calls and
+    leaves calls in progress alone."""
+    cfg = holder.current
+    token = cfg.twilio.auth_token.get_secret_value() if cfg.twilio.auth_token else None
+
+    def agent_for_number(to: str | None) -> str:
+        return str(holder.current.agent_for_number(to).name)
+
+    def call_settings_for(agent: str) -> CallSettings:
+        current = holder.current
+        agent_cfg = current.agents.get(agent) or current.agents[current.default_agent]
+        return call_settings_from(agent_cfg.barge_in)
+
+    return GatewaySettings(
+        public_url=cfg.server.public_url,
+        auth_token=token or None,
+        validate_signatures=cfg.twilio.validate_signatures,
+        token_secret=token_secret_from_env(),
+        max_calls=cfg.server.max_calls,
+        agent_for_number=agent_for_number,
+        call_settings_for=call_settings_for,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``callgate serve``: the gateway, plus an in-process worker unless ``--no-worker``."""
+    from bus import make_bus
+    from config import ConfigError, ConfigHolder
+
+    try:
+        holder = ConfigHolder(args.config)
+    except ConfigError as exc:
+        print(f"callgate serve: bad config:\n{exc}", file=sys.stderr)
+        return 1
+    cfg = holder.current
+    try:
+        settings = settings_from_config(holder)
+    except ValueError as exc:
+        print(f"callgate serve: {exc}", file=sys.stderr)
+        return 1
+    redis_url = args.redis or cfg.bus.redis_url
+    bus = make_bus(redis_url)
+    app = build_app(settings, bus=bus, vad=VadEngine())
+    run_worker_here = not args.no_worker
+
+    async def background(app: web.Application):  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        holder.install_sighup(loop)
+        watcher = asyncio.create_task(holder.watch(2.0))
+        stop = asyncio.Event()
+        worker: asyncio.Task[None] | None = None
+        if run_worker_here:
+            # Process composition only: the gateway itself never imports nodes/.
+            from nodes import run_worker
+
+            worker = asyncio.create_task(run_worker(holder, bus, stop=stop))
+        yield
+        stop.set()
+        if worker is not None:
+            await asyncio.wait({worker}, timeout=10)
+            worker.cancel()
+        watcher.cancel()
+        await asyncio.gather(watcher, *( [worker] if worker else []), return_exceptions=True)
+
+    app.cleanup_ctx.append(background)
+    host = args.host or cfg.server.host
+    port = args.port if args.port is not None else cfg.server.port
+    log.info("callgate gateway on http://%s:%d (bus: %s, worker: %s)", host, port,
+             "redis" if redis_url else "embedded", "in-process" if run_worker_here else "none")
+    web.run_app(app, host=host, port=port, print=None, shutdown_timeout=cfg.server.drain_timeout_s)
+    return 0
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """``callgate worker --redis URL``: a session-worker process."""
+    from bus import make_bus
+    from config import ConfigError, ConfigHolder
+    from nodes import run_worker as run
+
+    try:
+        holder = ConfigHolder(args.config)
+    except ConfigError as exc:
+        print(f"callgate worker: bad config:\n{exc}", file=sys.stderr)
+        return 1
+
+    async def main() -> None:
+        bus = make_bus(args.redis)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        holder.install_sighup(loop)
+        async with bus:
+            await run(holder, bus, worker_id=args.worker_id, stop=stop)
+
+    asyncio.run(main())
+    return 0
