@@ -281,7 +281,8 @@ class CallSession:
                 return
             out = self.playback.pause(now)
             self._paused_utterance = u.id
-            await self._clear(reason="barge_in", utterance_id=u.id)
+            await self._clear(reason="barge_in", utterance_id=u.id,
+                              onset_ms=self.policy.caller_onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms)
             await self._apply(out, clear_done=True)
         elif d is Decision.COMMIT:

@@ -38,6 +38,7 @@ from vad import VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
+from .metrics import CONTENT_TYPE, GatewayMetrics
 from .security import CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
@@ -111,6 +112,7 @@ class GatewayApp:
         """Summaries of recently ended calls (for operators and tests)."""
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.metrics = GatewayMetrics(self._metrics_state)
         if not settings.validate_signatures:
             log.warning(
                 "Twilio signature validation is OFF (validate_signatures: false): anyone who "
@@ -124,7 +126,21 @@ class GatewayApp:
             web.get(MEDIA_PATH, self.media_socket),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics_endpoint),
         ]
+
+    def _metrics_state(self) -> dict[str, object]:
+        stats = self.vad.stats if self.vad is not None else None
+        return {
+            "calls": len(self.calls),
+            "draining": self.draining,
+            "vad_batches": stats.batches if stats else 0,
+            "vad_windows": stats.windows if stats else 0,
+        }
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        body = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "calls": len(self.calls)})
@@ -160,6 +176,7 @@ class GatewayApp:
         if self.draining or len(self.calls) >= self.settings.max_calls:
             reason = "draining" if self.draining else "at capacity"
             log.warning("refusing call %s: gateway %s", call_sid, reason)
+            self.metrics.calls_refused.labels(reason=reason.replace(" ", "_")).inc()
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
             return web.Response(text=str(response), content_type="application/xml")
@@ -208,20 +225,27 @@ class GatewayApp:
             if not ws.closed:
                 await ws.send_str(text)
 
+        timeline = Timeline(keep=False)
+        timeline.add_listener(self.metrics.observe_event)
         session = CallSession(
-            send=send, bus=self.bus, vad=self.vad, timeline=Timeline(keep=False),
+            send=send, bus=self.bus, vad=self.vad, timeline=timeline,
             authorize=self._authorize,
             settings_for=lambda info: self.settings.call_settings_for(info.agent),
         )
         try:
             async for msg in ws:
                 if msg.type is WSMsgType.TEXT:
+                    skipped = session.frames_skipped
                     try:
                         await session.handle_text(msg.data)
                     except CallRejected as exc:
+                        self.metrics.calls_refused.labels(reason="token").inc()
                         log.warning("closing media socket: %s", exc)
                         await ws.close(code=1008, message=b"call token refused")
                         break
+                    self.metrics.frames.inc()
+                    if session.frames_skipped != skipped:
+                        self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
                         self.calls[session.info.call_sid] = session
                         downlink = asyncio.create_task(session.run_downlink())

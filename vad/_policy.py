@@ -99,6 +99,14 @@ class BargeInPolicy:
         self._speech_ms = 0.0  # speech since the pause
         self._paused_ms = 0.0
         self._suppressed_this_turn = False
+        self._window = 0  # index of the window being stepped
+        self._run_start = 0  # index of the first window of the current caller run
+
+    @property
+    def caller_onset_ms(self) -> float:
+        """Where the current (or last) run of caller windows began, in ms of stream time: the
+        onset estimate that barge-in latency metrics are measured from."""
+        return self._run_start * WINDOW_MS
 
     def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
@@ -136,6 +144,9 @@ class BargeInPolicy:
         speechy = caller or prob >= s.p_off and gate.passes
         out: list[Decision] = []
         self._run = self._run + 1 if caller else 0
+        if self._run == 1:
+            self._run_start = self._window
+        self._window += 1
         if caller and self._run < s.start_windows and self.is_instant(prob, gate, feat):
             self._run = s.start_windows
 

@@ -1,0 +1,92 @@
+"""Prometheus metrics of one gateway process, served at ``GET /metrics``.
+
+Each :class:`GatewayMetrics` has its own registry (tests build many gateways in one process).
+Call events reach it through the call's timeline (``observe_event``), so the barge-in path itself
+carries no metrics code; engine and bus figures are read when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.0)
+
+
+class _Callbacks(Collector):
+    """Figures read at scrape time from the objects that own them."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Any]:
+        s = self._read()
+        yield GaugeMetricFamily("callgate_active_calls", "Calls in progress", value=s["calls"])
+        yield GaugeMetricFamily("callgate_draining", "1 while the gateway drains",
+                                value=1 if s["draining"] else 0)
+        yield CounterMetricFamily("callgate_vad_batches", "Batched VAD inferences run",
+                                  value=s["vad_batches"])
+        yield CounterMetricFamily("callgate_vad_windows", "VAD windows scored (all calls)",
+                                  value=s["vad_windows"])
+        yield GaugeMetricFamily("callgate_vad_mean_batch_size", "VAD windows per inference",
+                                value=s["vad_windows"] / s["vad_batches"] if s["vad_batches"] else 0)
+        for name, value in s.get("bus", {}).items():
+            yield GaugeMetricFamily(f"callgate_bus_{name}", f"Bus figure {name}", value=value)
+
+
+class GatewayMetrics:
+    def __init__(self, read_state: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.frames = Counter("callgate_frames", "Inbound media frames processed", registry=r)
+        self.frames_skipped = Counter("callgate_frames_skipped",
+                                      "Malformed or out-of-place Twilio frames skipped", registry=r)
+        self.calls = Counter("callgate_calls", "Calls started", registry=r)
+        self.calls_refused = Counter("callgate_calls_refused",
+                                     "Calls refused (capacity, draining, bad token)", ["reason"],
+                                     registry=r)
+        self.barge_ins = Counter("callgate_barge_ins", "Interrupts committed to the agent",
+                                 ["reason"], registry=r)
+        self.clears = Counter("callgate_clears", "clear messages sent to Twilio", registry=r)
+        self.suppressed = Counter("callgate_interrupts_suppressed",
+                                  "Caller speech over a non-interruptible utterance", registry=r)
+        self.resumes = Counter("callgate_false_interruption_resumes",
+                               "Pauses that turned out to be backchannels or noise and resumed",
+                               registry=r)
+        self.onset_to_clear = Histogram("callgate_onset_to_clear_seconds",
+                                        "Caller speech onset to clear sent (media time)",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.publish_seconds = Histogram("callgate_bus_publish_seconds",
+                                         "Time to hand an uplink event to the bus",
+                                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1),
+                                         registry=r)
+        self.active = Gauge("callgate_calls_streaming", "Calls with audio flowing", registry=r)
+        r.register(_Callbacks(read_state))
+
+    def observe_event(self, event: dict[str, Any]) -> None:
+        """A call's timeline listener."""
+        kind = event["type"]
+        if kind == "barge_in":
+            self.barge_ins.labels(reason=str(event.get("reason", "speech"))).inc()
+        elif kind == "clear_sent":
+            self.clears.inc()
+            onset = event.get("onset_ms")
+            if onset is not None:
+                self.onset_to_clear.observe(max(0.0, (float(event["t_ms"]) - onset) / 1000))
+        elif kind == "interrupt_suppressed":
+            self.suppressed.inc()
+        elif kind == "bot_utterance_resumed":
+            self.resumes.inc()
+        elif kind == "call_started":
+            self.calls.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

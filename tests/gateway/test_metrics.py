@@ -1,0 +1,66 @@
+"""GET /metrics during a call: the barge-in is counted and onset-to-clear is observed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from bus import EmbeddedBus
+from gateway.client import play_call
+from gateway.server import GatewaySettings, build_app
+from tests import recordings_index as rec
+from vad import VadEngine
+
+
+async def _worker(ready: asyncio.Event, interrupted: asyncio.Event) -> None:
+    async with EmbeddedBus() as bus:
+        ready.set()
+        async for call in bus.claim_calls("w"):
+            async for m in bus.uplink(call.call_sid, "w"):
+                kind = m.event["type"]
+                if kind == "call_started":
+                    audio = base64.b64encode(b"\xfe" * 8 * 7000).decode()  # 7 s, near silence
+                    await bus.send(call.call_sid, {"type": "utterance_start", "utterance_id": "u",
+                                                   "node": "n", "interruptible": True})
+                    await bus.send(call.call_sid, {"type": "audio", "utterance_id": "u",
+                                                   "payload": audio})
+                    await bus.send(call.call_sid, {"type": "utterance_end", "utterance_id": "u"})
+                elif kind == "interrupt":
+                    interrupted.set()
+                await bus.ack(call.call_sid, m.id)
+                if kind == "call_ended":
+                    return
+
+
+def _value(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+async def test_metrics_count_the_barge_in() -> None:
+    app = build_app(GatewaySettings(validate_signatures=False), bus=EmbeddedBus(),
+                    vad=VadEngine())
+    async with TestServer(app) as srv, aiohttp.ClientSession() as http:
+        ready, interrupted = asyncio.Event(), asyncio.Event()
+        worker = asyncio.create_task(_worker(ready, interrupted))
+        await ready.wait()
+        call = asyncio.create_task(play_call(rec.source("barge_in_timit"),
+                                             str(srv.make_url("/twilio/media")), speed=8.0))
+        await asyncio.wait_for(interrupted.wait(), 30)
+        during = await (await http.get(srv.make_url("/metrics"))).text()
+        await asyncio.wait_for(call, 30)
+        await asyncio.wait_for(worker, 10)
+    assert _value(during, "callgate_active_calls") == 1
+    assert _value(during, 'callgate_barge_ins_total{reason="speech"}') == 1
+    assert _value(during, "callgate_clears_total") >= 1
+    assert _value(during, "callgate_onset_to_clear_seconds_count") >= 1
+    total = _value(during, "callgate_onset_to_clear_seconds_sum")
+    assert 0 < total < 0.5  # the policy's own onset estimate: ~2-3 windows before the clear
+    assert _value(during, "callgate_frames_total") > 100
+    assert _value(during, "callgate_calls_total") == 1
