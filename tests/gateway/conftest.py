@@ -21,7 +21,7 @@ def _script(name: str, non_interruptible: bool) -> list[Any]:
 
 async def _replay_all(non_interruptible: bool) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    async with VadEngine() as engine:
+    async with VadEngine(runtime="onnx") as engine:
         for name in rec.names():
             timeline, _ = await replay(rec.source(name), bot_script=_script(name, non_interruptible),
                                        vad=engine)

@@ -1,0 +1,635 @@
+"""One Silero engine per process: every call's VAD windows, batched into shared inferences.
+
+Each call opens a :class:`VadStream` and pushes its 8 kHz samples (a 20 ms Twilio frame is 160
+samples; any length works). Every 256 samples complete a window. The engine keeps one recurrent
+state row and one 32-sample context row per stream in a slot table and runs the ready windows of
+many streams as one ``(B, 288)`` batch: Silero costs ~92 us (ONNX) for one row but ~31 us (ONNX)
+or ~16 us (TorchScript) per row in a batch of 128, on one core (bench/vad_throughput.py).
+
+Batching rules:
+
+* A stream contributes at most one window per batch (window k+1 needs the state after window k);
+  a stream with a backlog contributes its windows in order across consecutive batches.
+* A batch runs when it is full (``max_batch`` streams ready), when every open stream has a window
+  ready, or when the oldest ready window has waited ``max_wait_ms`` since it was pushed. That
+  bounds the latency batching adds; a backlog whose windows are already older than that runs at
+  once, batch after batch.
+
+Inference runs inline on the event loop, synchronously, inside the ``push``/``process``/timer that
+completes the batch. Measured on this machine class (one core, onnxruntime): handing a batch to a
+single worker thread and back costs 55-150 us of CPU per batch (future, thread wake-up, GIL
+hand-over), more than a whole batch-of-1 inference (94 us), and buys no throughput since the
+process is meant to own one core; inline, a full batch of 128 holds the loop for 2-4 ms, which is
+a bounded stall well under one 20 ms frame. So: no thread.
+
+Per-stream state lives in engine-wide arrays indexed by slot (``state[:, slots]`` gathers a batch,
+``state[:, slots] = new`` scatters it back): 30 us per batch of 128, against 136-160 us for
+stacking and splitting per-stream arrays in a Python loop. Closing a stream just frees its slot;
+the other rows are never touched.
+
+Errors::
+
+    VadError                        (vad/_silero.py)
+     +-- RuntimeUnavailable, InvalidAudio, InferenceError   (vad/_silero.py)
+     +-- EngineError
+     |    +-- EngineNotStarted      open_stream() before start()
+     |    +-- EngineClosed          start() or open_stream() after aclose()
+     +-- StreamClosed               push/process on a closed stream (also after its engine closed,
+                                    or after an inference on its batch failed: see __cause__)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice
+from types import TracebackType
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ._silero import (
+    CONTEXT_SAMPLES,
+    INPUT_SAMPLES,
+    STATE_SIZE,
+    WINDOW_SAMPLES,
+    InferenceError,
+    InvalidAudio,
+    RuntimeName,
+    SileroRuntime,
+    VadError,
+    load_runtime,
+)
+
+__all__ = [
+    "EngineClosed",
+    "EngineError",
+    "EngineNotStarted",
+    "EngineStats",
+    "StreamClosed",
+    "VadEngine",
+    "VadStream",
+    "WindowResult",
+]
+
+_INITIAL_SLOTS: Final = 16
+_INITIAL_BUFFER: Final = 2048
+
+
+class EngineError(VadError):
+    """The engine is used outside its running lifetime."""
+
+
+class EngineNotStarted(EngineError):
+    """``open_stream`` was called before ``start``."""
+
+
+class EngineClosed(EngineError):
+    """The engine was closed with ``aclose``; it cannot be restarted."""
+
+
+class StreamClosed(VadError):
+    """The stream was closed (by ``close``, by its engine's ``aclose``, or by a failed batch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    """Speech probability of one 256-sample window of a stream.
+
+    Attributes:
+        index: Window number in the stream, from 0.
+        end_sample: Absolute index, in the stream, of the sample just after the window:
+            ``256 * (index + 1)``. At 8 kHz it is ``end_sample / 8`` ms of audio.
+        prob: Silero's speech probability in [0, 1].
+    """
+
+    index: int
+    end_sample: int
+    prob: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """Counters since start: ``windows / batches`` is the mean batch size."""
+
+    batches: int
+    windows: int
+    open_streams: int
+
+
+class _EngineState(enum.Enum):
+    NEW = "new"  # constructed; start() not called yet
+    RUNNING = "running"  # runtime loaded; streams may be opened
+    CLOSED = "closed"  # aclose() called; terminal
+
+
+class _StreamState(enum.Enum):
+    OPEN = "open"  # accepting samples
+    CLOSED = "closed"  # close(), engine aclose() or failed batch; terminal
+
+
+class VadEngine:
+    """Batched streaming Silero VAD shared by every call in the process.
+
+    Not thread-safe: use it, and its streams, from the thread of the loop that started it.
+
+    Example::
+
+        async with VadEngine() as engine:
+            async with engine.open_stream() as stream:
+                for result in await stream.process(frame):  # frame: float32 8 kHz samples
+                    ...
+    """
+
+    def __init__(
+        self,
+        *,
+        runtime: RuntimeName | SileroRuntime = "torchscript",
+        max_batch: int = 128,
+        max_wait_ms: float = 2.0,
+    ) -> None:
+        """Configure the engine; nothing is loaded until :meth:`start`.
+
+        Args:
+            runtime: ``"torchscript"`` or ``"onnx"`` to load the packaged model, or a loaded
+                :class:`~vad._silero.SileroRuntime` (shared, never closed by the engine).
+                TorchScript is the default because it serves the most calls per core once
+                batches are large (16 vs 31 us per row at 128; 1250 vs 820 calls/core through
+                the engine, bench/vad_throughput.py), which is when CPU is the limit; its
+                probabilities match ONNX within 3e-6. ONNX is cheaper for small batches
+                (< ~32 rows) and does not import torch (1.2 s, ~220 MB RSS).
+            max_batch: Most rows (streams) per inference.
+            max_wait_ms: Longest a ready window waits for a batch to fill, from its push.
+        """
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not max_wait_ms >= 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self._runtime_spec = runtime
+        self._runtime: SileroRuntime | None = None if isinstance(runtime, str) else runtime
+        self.max_batch: Final = max_batch
+        self.max_wait_ms: Final = max_wait_ms
+        self._max_wait_s = max_wait_ms / 1000.0
+        self._lifecycle = _EngineState.NEW
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Slot table: row s of _state/_context belongs to the stream holding slot s.
+        self._state = np.zeros((2, _INITIAL_SLOTS, STATE_SIZE), dtype=np.float32)
+        self._context = np.zeros((_INITIAL_SLOTS, CONTEXT_SAMPLES), dtype=np.float32)
+        self._free_slots: list[int] = list(range(_INITIAL_SLOTS - 1, -1, -1))
+        self._streams: set[VadStream] = set()
+        # Streams with at least one window not yet run, in the order they became ready.
+        self._ready: dict[VadStream, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._flushing = False
+        self._batches = 0
+        self._windows = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def runtime(self) -> SileroRuntime:
+        """The loaded runtime (after :meth:`start`)."""
+        if self._runtime is None:
+            raise EngineNotStarted("the runtime is loaded by start()")
+        return self._runtime
+
+    @property
+    def stats(self) -> EngineStats:
+        """Batches and windows run so far, and the number of open streams."""
+        return EngineStats(self._batches, self._windows, len(self._streams))
+
+    async def start(self) -> None:
+        """Load the runtime (if given by name) and accept streams; a second call does nothing.
+
+        A model given by name loads in a worker thread, so a loop that already serves other
+        things is not stalled (importing torch takes ~1.2 s, loading the model 0.1-0.3 s).
+
+        Raises:
+            EngineClosed: The engine was closed.
+            RuntimeUnavailable: The model cannot be loaded.
+        """
+        if self._lifecycle is _EngineState.CLOSED:
+            raise EngineClosed("a closed VadEngine cannot be restarted; create a new one")
+        if self._lifecycle is _EngineState.RUNNING:
+            return
+        loop = asyncio.get_running_loop()
+        if self._runtime is None:
+            assert isinstance(self._runtime_spec, str)
+            runtime = await asyncio.to_thread(load_runtime, self._runtime_spec)
+            if self._lifecycle is not _EngineState.NEW:  # closed (or started) meanwhile
+                if self._lifecycle is _EngineState.CLOSED:
+                    raise EngineClosed("the VadEngine was closed while it was starting")
+                return
+            self._runtime = runtime
+        self._loop = loop
+        self._lifecycle = _EngineState.RUNNING
+
+    async def aclose(self) -> None:
+        """Close every open stream (their pending ``process`` calls raise
+        :class:`StreamClosed`) and stop; idempotent."""
+        if self._lifecycle is _EngineState.CLOSED:
+            return
+        self._lifecycle = _EngineState.CLOSED
+        self._cancel_timer()
+        for stream in list(self._streams):
+            stream._close(StreamClosed("the VadEngine was closed"))
+        self._ready.clear()
+
+    async def __aenter__(self) -> VadEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        if getattr(self, "_lifecycle", None) is _EngineState.RUNNING:
+            warnings.warn(
+                f"unclosed {self!r}; use 'async with VadEngine()' or await aclose()",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    def __repr__(self) -> str:
+        name = self._runtime.name if self._runtime is not None else self._runtime_spec
+        return (
+            f"<VadEngine {self._lifecycle.value} runtime={name!r} max_batch={self.max_batch} "
+            f"max_wait_ms={self.max_wait_ms} streams={len(self._streams)}>"
+        )
+
+    def open_stream(self) -> VadStream:
+        """Open a stream for one call, starting from zero state and context.
+
+        Raises:
+            EngineNotStarted: :meth:`start` has not run.
+            EngineClosed: The engine was closed.
+        """
+        if self._lifecycle is _EngineState.NEW:
+            raise EngineNotStarted("await VadEngine.start() (or use 'async with') first")
+        if self._lifecycle is _EngineState.CLOSED:
+            raise EngineClosed("the VadEngine is closed")
+        if not self._free_slots:
+            self._grow()
+        stream = VadStream(self, self._free_slots.pop())
+        self._streams.add(stream)
+        return stream
+
+    # -- slot table -----------------------------------------------------------------------------
+    def _grow(self) -> None:
+        old = self._context.shape[0]
+        new = old * 2
+        state = np.zeros((2, new, STATE_SIZE), dtype=np.float32)
+        state[:, :old] = self._state
+        context = np.zeros((new, CONTEXT_SAMPLES), dtype=np.float32)
+        context[:old] = self._context
+        self._state, self._context = state, context
+        self._free_slots.extend(range(new - 1, old - 1, -1))
+
+    def _zero_slot(self, slot: int) -> None:
+        self._state[:, slot] = 0.0
+        self._context[slot] = 0.0
+
+    def _release(self, stream: VadStream) -> None:
+        """Forget a closing stream; may release a batch that was waiting only for it."""
+        self._streams.discard(stream)
+        self._ready.pop(stream, None)
+        self._zero_slot(stream._slot)
+        self._free_slots.append(stream._slot)
+        if self._lifecycle is _EngineState.RUNNING and self._ready:
+            self._flush()
+
+    # -- scheduling -----------------------------------------------------------------------------
+    def _on_windows(self, stream: VadStream) -> None:
+        """``stream`` has new complete windows (called by push, on every window: keep it cheap)."""
+        ready = self._ready
+        if stream not in ready:
+            ready[stream] = None
+        # With a timer armed, it is due no later than this new window's deadline, and the batch
+        # is neither full nor complete: nothing to do. No timer means this window is the oldest.
+        if self._timer is None or len(ready) >= self.max_batch or len(ready) >= len(self._streams):
+            self._flush()
+
+    def _flush(self) -> None:
+        """Run batches while a flush rule holds, then arm the timer for the oldest waiter."""
+        if self._flushing:  # re-entered when a failed batch closes its streams (_release)
+            return
+        loop = self._loop
+        assert loop is not None
+        self._flushing = True
+        try:
+            while self._ready:
+                ready = self._ready
+                if len(ready) < self.max_batch and len(ready) < len(self._streams):
+                    oldest = min(s._pending_since() for s in ready)
+                    if oldest + self._max_wait_s > loop.time():
+                        self._arm_timer(oldest + self._max_wait_s)
+                        return
+                batch = list(islice(ready, self.max_batch))  # oldest first
+                for stream in batch:
+                    del ready[stream]
+                self._run_batch(batch)
+                for stream in batch:
+                    if stream._has_window():
+                        ready[stream] = None
+            self._cancel_timer()
+        finally:
+            self._flushing = False
+
+    def _arm_timer(self, when: float) -> None:
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._lifecycle is _EngineState.RUNNING:
+            self._flush()
+
+    def _run_batch(self, batch: list[VadStream]) -> None:
+        """Run one window of each stream in ``batch`` (distinct streams, each with a window)."""
+        runtime = self._runtime
+        assert runtime is not None
+        n = len(batch)
+        slots = np.fromiter((s._slot for s in batch), dtype=np.intp, count=n)
+        x = np.empty((n, INPUT_SAMPLES), dtype=np.float32)
+        x[:, :CONTEXT_SAMPLES] = self._context[slots]
+        for row, stream in enumerate(batch):
+            x[row, CONTEXT_SAMPLES:] = stream._take_window()
+        try:
+            probs, new_state = runtime.infer(x, self._state[:, slots])
+        except Exception as exc:  # a runtime passed in may raise anything: fail only this batch
+            error = exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
+            if error is not exc:
+                error.__cause__ = exc
+            # These streams' windows are lost and their state is unknown: close them (the
+            # cause is chained) rather than go on from a state that skipped a window.
+            for stream in batch:
+                failed = StreamClosed("a Silero inference on this stream's batch failed")
+                stream._close(failed, error)
+            return
+        self._state[:, slots] = new_state
+        self._context[slots] = x[:, -CONTEXT_SAMPLES:]
+        self._batches += 1
+        self._windows += n
+        for stream, prob in zip(batch, probs.tolist(), strict=True):
+            stream._deliver(prob)
+
+
+class VadStream:
+    """The VAD of one call: push 8 kHz samples, get one probability per 256-sample window.
+
+    Obtain with :meth:`VadEngine.open_stream`; close with :meth:`close` or ``async with``.
+    Results come back in window order. Every window is scored exactly once: windows completed
+    by :meth:`push` are returned by the next :meth:`process` or :meth:`process_now`.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_buf",
+        "_claimed",
+        "_closed_error",
+        "_done",
+        "_engine",
+        "_lifecycle",
+        "_push_times",
+        "_rd",
+        "_res_base",
+        "_results",
+        "_slot",
+        "_total",
+        "_waiters",
+        "_wr",
+    )
+
+    def __init__(self, engine: VadEngine, slot: int) -> None:
+        self._engine = engine
+        self._slot = slot
+        self._lifecycle = _StreamState.OPEN
+        self._closed_error: StreamClosed | None = None
+        # Samples not yet run: _buf[_rd:_wr]; _total counts every sample pushed.
+        self._buf = np.empty(_INITIAL_BUFFER, dtype=np.float32)
+        self._rd = 0
+        self._wr = 0
+        self._total = 0
+        self._done = 0  # windows run so far
+        self._claimed = 0  # windows promised to a process()/process_now() call
+        self._results: list[float] = []  # probabilities of windows _res_base, _res_base + 1, ...
+        self._res_base = 0
+        self._waiters: deque[tuple[int, int, asyncio.Future[list[WindowResult]]]] = deque()
+        # (window count after a push, loop time of that push): when the oldest pending window came.
+        self._push_times: deque[tuple[int, float]] = deque()
+
+    # -- public API -----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether the stream is closed."""
+        return self._lifecycle is _StreamState.CLOSED
+
+    @property
+    def windows_available(self) -> int:
+        """Complete windows pushed so far (run or not)."""
+        return self._total // WINDOW_SAMPLES
+
+    def push(self, samples: npt.NDArray[np.floating]) -> None:
+        """Buffer samples; complete windows are queued for the next batch.
+
+        The batch may run right here, synchronously, when this push completes it.
+
+        Args:
+            samples: 1-D float 8 kHz audio in [-1, 1], any length (a Twilio frame is 160).
+
+        Raises:
+            StreamClosed: The stream is closed.
+            InvalidAudio: ``samples`` is not a 1-D float array.
+        """
+        if self._append(samples):
+            loop = self._engine._loop
+            assert loop is not None
+            self._push_times.append((self.windows_available, loop.time()))
+            self._engine._on_windows(self)
+
+    async def process(self, samples: npt.NDArray[np.floating]) -> list[WindowResult]:
+        """Push ``samples``, then wait for every complete window not yet returned.
+
+        If this call is cancelled, the windows it was waiting for are still run (the stream's
+        state stays consistent) but their results are dropped.
+
+        Returns:
+            The new windows' results in order (empty when no window completed).
+
+        Raises:
+            StreamClosed: The stream is or gets closed; a failed inference is the ``__cause__``.
+            InvalidAudio: ``samples`` is not a 1-D float array.
+        """
+        self.push(samples)
+        self._check_open()  # the batch run by this push may have failed and closed us
+        start, target = self._claimed, self.windows_available
+        if target == start:
+            return []
+        self._claimed = target
+        if self._done >= target:
+            return self._collect(start, target)
+        assert self._engine._loop is not None
+        future: asyncio.Future[list[WindowResult]] = self._engine._loop.create_future()
+        self._waiters.append((start, target, future))
+        return await future
+
+    def process_now(self, samples: npt.NDArray[np.floating]) -> list[WindowResult]:
+        """Buffer ``samples`` and run all of this stream's pending windows now, as batches of 1.
+
+        Same results as :meth:`process` (the runtimes score rows independently of the batch;
+        ONNX bit for bit, TorchScript within ~3e-6), for offline analysis and tests.
+
+        Raises:
+            StreamClosed: The stream is closed, or an inference failed (``__cause__``).
+            InvalidAudio: ``samples`` is not a 1-D float array.
+        """
+        self._append(samples)
+        engine = self._engine
+        engine._ready.pop(self, None)
+        while self._has_window():
+            engine._run_batch([self])
+            self._check_open()  # a failed inference closes the stream
+        self._push_times.clear()
+        start, target = self._claimed, self._done
+        if target == start:
+            return []
+        self._claimed = target
+        return self._collect(start, target)
+
+    def reset(self) -> None:
+        """Zero the recurrent state and context, as for a new call.
+
+        Samples already pushed but not yet run stay queued and are scored from the fresh state;
+        window numbering and ``end_sample`` keep counting from the start of the stream.
+
+        Raises:
+            StreamClosed: The stream is closed.
+        """
+        self._check_open()
+        self._engine._zero_slot(self._slot)
+
+    def close(self) -> None:
+        """Release the stream's slot; pending :meth:`process` calls raise :class:`StreamClosed`.
+
+        Idempotent. Other streams' state is not touched.
+        """
+        self._close(StreamClosed("the stream was closed"))
+
+    async def __aenter__(self) -> VadStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<VadStream {self._lifecycle.value} slot={self._slot} windows={self._done}/"
+            f"{self.windows_available}>"
+        )
+
+    # -- engine side ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._lifecycle is _StreamState.CLOSED:
+            assert self._closed_error is not None
+            raise StreamClosed(str(self._closed_error)) from self._closed_error.__cause__
+
+    def _append(self, samples: npt.NDArray[np.floating]) -> bool:
+        """Buffer samples; True when they complete at least one window."""
+        self._check_open()
+        if not isinstance(samples, np.ndarray) or samples.ndim != 1:
+            raise InvalidAudio(
+                f"samples must be a 1-D numpy float array, got {type(samples).__name__}"
+                + (f" of shape {samples.shape}" if isinstance(samples, np.ndarray) else "")
+            )
+        if samples.dtype.kind != "f":
+            raise InvalidAudio(f"samples must be float (8 kHz, [-1, 1]), got {samples.dtype}")
+        n = samples.shape[0]
+        if n == 0:
+            return False
+        if self._wr + n > self._buf.shape[0]:
+            pending = self._wr - self._rd
+            if pending + n > self._buf.shape[0]:
+                grown = np.empty(max(2 * self._buf.shape[0], pending + n), dtype=np.float32)
+                grown[:pending] = self._buf[self._rd : self._wr]
+                self._buf = grown
+            else:
+                self._buf[:pending] = self._buf[self._rd : self._wr]
+            self._rd, self._wr = 0, pending
+        self._buf[self._wr : self._wr + n] = samples
+        self._wr += n
+        before = self._total // WINDOW_SAMPLES
+        self._total += n
+        return self._total // WINDOW_SAMPLES > before
+
+    def _has_window(self) -> bool:
+        return self._wr - self._rd >= WINDOW_SAMPLES and self._lifecycle is _StreamState.OPEN
+
+    def _take_window(self) -> npt.NDArray[np.float32]:
+        """View of the next window's samples (valid until the next push)."""
+        rd = self._rd
+        self._rd = rd + WINDOW_SAMPLES
+        return self._buf[rd : rd + WINDOW_SAMPLES]
+
+    def _pending_since(self) -> float:
+        return self._push_times[0][1]
+
+    def _deliver(self, prob: float) -> None:
+        """The next window was run; record it and wake the ``process`` calls it completes."""
+        self._results.append(prob)
+        done = self._done = self._done + 1
+        times = self._push_times
+        while times and times[0][0] <= done:
+            times.popleft()
+        waiters = self._waiters
+        while waiters and waiters[0][1] <= done:
+            start, target, future = waiters.popleft()
+            results = self._collect(start, target)
+            if not future.done():  # a cancelled process(): the results are dropped
+                future.set_result(results)
+
+    def _collect(self, start: int, target: int) -> list[WindowResult]:
+        base = self._res_base
+        probs = self._results[start - base : target - base]
+        del self._results[: target - base]
+        self._res_base = target
+        return [WindowResult(k, (k + 1) * WINDOW_SAMPLES, p) for k, p in enumerate(probs, start)]
+
+    def _close(self, error: StreamClosed, cause: BaseException | None = None) -> None:
+        if self._lifecycle is _StreamState.CLOSED:
+            return
+        if cause is not None:
+            error.__cause__ = cause
+        self._lifecycle = _StreamState.CLOSED
+        self._closed_error = error
+        self._push_times.clear()
+        waiters, self._waiters = self._waiters, deque()
+        for _start, _target, future in waiters:
+            if not future.done():
+                waiter_error = StreamClosed(str(error))
+                waiter_error.__cause__ = cause
+                future.set_exception(waiter_error)
+        self._engine._release(self)
