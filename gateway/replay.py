@@ -206,6 +206,9 @@ async def replay(
                     await _speak(session, turns.pop(0))
                     await deliver([])
             await session.handle_text(line)
+            # Let other calls' tasks run between frames, as a network would: replays sharing a
+            # VAD engine then batch their windows like live calls do.
+            await asyncio.sleep(0)
             if playout is None and session.stream_sid:
                 playout = TwilioPlayout(stream_sid=session.stream_sid, keep_audio=keep_audio)
             await deliver([])
