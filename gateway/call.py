@@ -41,6 +41,7 @@ from vad import (
     PolicyState,
     VadEngine,
     VadStream,
+    WindowFeatures,
     window_features,
 )
 
@@ -55,6 +56,7 @@ log = logging.getLogger("callgate.call")
 
 SAMPLE_RATE = 8000
 WINDOW = 256
+_NO_FEATURES = WindowFeatures(voicing=0.0, dtmf=0.0)
 
 
 class CallRejected(Exception):
@@ -250,7 +252,9 @@ class CallSession:
 
     async def _on_window(self, prob: float, window: np.ndarray) -> None:
         gate = self.gate.process(window, adapt=self.policy.state is PolicyState.IDLE)
-        feats = window_features(window, self._prev_tail)
+        # The features only matter for windows that pass the gate (see BargeInPolicy.is_caller):
+        # skipping them elsewhere halves the per-window cost on a quiet or echo-only line.
+        feats = window_features(window, self._prev_tail) if gate.passes else _NO_FEATURES
         self._prev_tail = window[-128:]
         decisions = self.policy.step(prob, gate, feats, self._bot_state())
         for d in decisions:

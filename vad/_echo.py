@@ -35,6 +35,7 @@ __all__ = ["EchoGate", "EchoGateSettings", "GateReading"]
 HOP = 64  # samples per hop (8 ms at 8 kHz)
 _FLOOR_DB = -100.0
 _UP, _DOWN = 0.25, 0.06  # dB per hop for the echo-gain median trackers
+_MAX_HOPS = 64  # hops one process() call may carry
 
 
 def _db(energy: np.ndarray | float) -> np.ndarray | float:
@@ -100,7 +101,13 @@ class EchoGate:
         # Reference energy per hop: hops still to come in a dict (the gateway may send a whole
         # utterance ahead of playback), hops already passed in a ring as long as the lag range.
         self._future: dict[int, float] = {}
-        self._past = np.zeros(self._nlag)
+        self._past = np.zeros(self._nlag + _MAX_HOPS)
+        self._past_db = np.full(self._nlag + _MAX_HOPS, _FLOOR_DB)
+        self._active_e = 10 ** (s.ref_active_dbfs / 10)
+        self._last_active = -(10**9)  # last hop whose reference was active
+        self._windows = 0
+        self._lags = np.arange(self._nlag)
+        self._k = np.arange(_MAX_HOPS)
         self._hop = 0  # next inbound hop index
         self._tail = 0.0
         # Correlation sums per lag of log inbound (x) vs log delayed reference (y).
@@ -117,8 +124,9 @@ class EchoGate:
         self.erl_db = s.default_erl_db  # echo gain in dB below the reference, aligned
         self._erl_max_db = s.default_erl_db  # same, against the max over all lags
         nwin = max(8, int(s.noise_window_s / self._hop_s))
-        self._noise = np.full(nwin, np.nan)
+        self._noise = np.zeros(nwin)
         self._noise_i = 0
+        self._noise_at = 0
         self.noise_db = -70.0
         self._pending = np.zeros(0, dtype=np.float32)
 
@@ -139,7 +147,11 @@ class EchoGate:
             if h >= self._hop:
                 self._future[h] = self._future.get(h, 0.0) + float(e)
             elif h > self._hop - self._nlag:
-                self._past[h % self._nlag] += float(e)
+                slot = h % len(self._past)
+                self._past[slot] += float(e)
+                self._past_db[slot] = float(_db(self._past[slot]))
+                if self._past[slot] > self._active_e:
+                    self._last_active = max(self._last_active, h)
 
     def clear_reference_from(self, sample: int) -> None:
         """The bot's audio from ``sample`` on was cancelled (a Twilio ``clear``)."""
@@ -149,27 +161,76 @@ class EchoGate:
 
     # -- the inbound track ------------------------------------------------------------------
     def process(self, samples: np.ndarray, *, adapt: bool = True) -> GateReading:
-        """Feed one VAD window of inbound audio (any multiple of the hop) and read the gates.
+        """Feed one VAD window of inbound audio (a multiple of the 64-sample hop, at most 64
+        hops) and read the gates.
 
         ``adapt=False`` while the caller is known to be talking: the echo gain and noise floor
         then hold still, so the caller's own voice cannot teach the gate to ignore it.
+
+        The window's hops are handled together (numpy over hops x lags): this runs for every
+        window of every call, so it is kept to a few dozen array operations.
         """
-        x = np.asarray(samples, dtype=np.float64)
-        nh = len(x) // HOP
-        hops_in = (x[: nh * HOP].reshape(nh, HOP) ** 2).mean(axis=1) if nh else np.zeros(0)
-        pred_aligned = 0.0
-        pred_max = 0.0
-        for e_in in hops_in:
-            pa, pm = self._step(float(e_in), adapt)
-            pred_aligned += pa
-            pred_max += pm
-        level = float(_db(hops_in.mean())) if nh else _FLOOR_DB
         s = self.settings
+        x = np.asarray(samples, dtype=np.float64)
+        nh = min(len(x) // HOP, _MAX_HOPS)
+        if nh == 0:
+            return GateReading(_FLOOR_DB, _FLOOR_DB, self.noise_db, self.lag_hops is not None,
+                               False)
+        e_in = (x[: nh * HOP].reshape(nh, HOP) ** 2).mean(axis=1)
+        x_db = _db(e_in)
+        h0 = self._hop
+        ring = len(self._past)
+        fresh = np.array([self._future.pop(h0 + k, 0.0) for k in range(nh)])
+        slots = (h0 + self._k[:nh]) % ring
+        self._past[slots] = fresh
+        self._past_db[slots] = _db(fresh)
+        idx = (h0 + self._k[:nh, None] - self._lags[None, :]) % ring  # (hops, lags): ref[h - L]
+        refs = self._past[idx]  # slots of hops before the call started hold zeros
+        if self._last_active >= h0 - self._nlag:
+            ref_db = self._past_db[idx]
+            active = ref_db > s.ref_active_dbfs
+            if fresh.max() > self._active_e:
+                self._last_active = h0 + nh - 1
+            # Correlation sums with forgetting, per lag, only where the delayed reference is
+            # active (all hops of the window at once; their order inside 32 ms is immaterial).
+            w = active.astype(np.float64)
+            cnt = w.sum(axis=0)
+            decay = self._lam**cnt
+            wx = w * x_db[:, None]
+            wy = w * ref_db
+            self._sw = self._sw * decay + cnt
+            self._sx = self._sx * decay + wx.sum(axis=0)
+            self._sy = self._sy * decay + wy.sum(axis=0)
+            self._sxx = self._sxx * decay + (wx * x_db[:, None]).sum(axis=0)
+            self._syy = self._syy * decay + (wy * ref_db).sum(axis=0)
+            self._sxy = self._sxy * decay + (wx * ref_db).sum(axis=0)
+            self._active_hops += int(active.any(axis=1).sum())
+            self._windows += 1
+            if self._windows % 2 == 0:
+                self._update_lag()
+        elif fresh.max() > self._active_e:
+            self._last_active = h0 + nh - 1
+
+        # Reverberant tail: the aligned prediction decays instead of dropping to zero.
+        pred_aligned = np.zeros(nh)
+        if self.lag_hops is not None:
+            tail = self._tail
+            for k, aligned in enumerate(refs[:, self.lag_hops]):
+                tail = max(float(aligned), tail * s.tail_decay)
+                pred_aligned[k] = tail
+            self._tail = tail
+        pred_max = refs.max(axis=1)
+
+        if adapt:
+            self._adapt(x_db, pred_aligned, pred_max)
+        self._hop = h0 + nh
+
+        level = float(_db(e_in.mean()))
         locked = self.lag_hops is not None
         if locked:
-            echo_e = pred_aligned / max(nh, 1) * 10 ** (-self.erl_db / 10)
+            echo_e = float(pred_aligned.mean()) * 10 ** (-self.erl_db / 10)
         else:
-            echo_e = pred_max / max(nh, 1) * 10 ** (-self._erl_max_db / 10)
+            echo_e = float(pred_max.mean()) * 10 ** (-self._erl_max_db / 10)
         echo_db = float(_db(echo_e)) if echo_e > 0 else _FLOOR_DB
         passes = (
             level >= s.min_level_dbfs
@@ -178,64 +239,38 @@ class EchoGate:
         )
         return GateReading(level, echo_db, self.noise_db, locked, passes)
 
-    def _step(self, e_in: float, adapt: bool) -> tuple[float, float]:
-        """Advance one hop; returns (aligned reference energy incl. tail, max over lags)."""
-        s = self.settings
-        h = self._hop
-        # Reference energies at lags 0..nlag-1 for this hop: ref[h - L].
-        self._past[h % self._nlag] = self._future.pop(h, 0.0)
-        lags = h - np.arange(self._nlag)
-        refs = np.where(lags >= 0, self._past[lags % self._nlag], 0.0)
-        ref_db = _db(refs)
-        x_db = float(_db(e_in))
-        active = ref_db > s.ref_active_dbfs
-        # Correlation sums (forgetting), only where the delayed reference is active.
-        lam = self._lam
-        for arr in (self._sw, self._sx, self._sy, self._sxx, self._syy, self._sxy):
-            arr *= np.where(active, lam, 1.0)
-        w = active.astype(np.float64)
-        self._sw += w
-        self._sx += w * x_db
-        self._sy += w * ref_db
-        self._sxx += w * x_db * x_db
-        self._syy += w * ref_db * ref_db
-        self._sxy += w * x_db * ref_db
-        if active.any():
-            self._active_hops += 1
-        self._update_lag()
+    def _adapt(self, x_db: np.ndarray, pred_aligned: np.ndarray, pred_max: np.ndarray) -> None:
+        """Echo gain trackers and noise floor, from this window's hops.
 
-        # Reverberant tail: the aligned prediction decays instead of dropping to zero.
-        pred_aligned = 0.0
+        The echo gains are running medians in dB, one step per active hop, so hops far above
+        the prediction (the caller) move them by one step only. They move towards "more echo"
+        four times slower than towards "less echo": a caller who talks a lot must not teach the
+        gate that the line is all echo.
+        """
+        thr = 10 ** (self.settings.ref_active_dbfs / 10)
         if self.lag_hops is not None:
-            aligned = float(refs[self.lag_hops])
-            self._tail = max(aligned, self._tail * s.tail_decay)
-            pred_aligned = self._tail
-        pred_max = float(refs.max())
-
-        # Echo gain trackers: running medians in dB, one step per active hop, so hops far
-        # above the prediction (the caller) move them by one step only. They move towards
-        # "more echo" four times slower than towards "less echo": a caller who talks a lot
-        # must not teach the gate that the line is all echo.
-        if adapt and self.lag_hops is not None and pred_aligned > 10 ** (s.ref_active_dbfs / 10):
-            obs = float(_db(pred_aligned)) - x_db  # observed ERL
-            self.erl_db += _UP if obs > self.erl_db else -_DOWN
-        if adapt and pred_max > 10 ** (s.ref_active_dbfs / 10):
-            obs = float(_db(pred_max)) - x_db
-            self._erl_max_db += _UP if obs > self._erl_max_db else -_DOWN
-        if not adapt:
-            self._hop = h + 1
-            return pred_aligned, pred_max
-        # Noise floor: a low percentile of recent hops. Echo raises it, which only makes the
-        # gate more careful while the bot talks.
-        self._noise[self._noise_i % len(self._noise)] = x_db
-        self._noise_i += 1
-        if self._noise_i % 8 == 0:
-            vals = self._noise[~np.isnan(self._noise)]
+            m = pred_aligned > thr
+            if m.any():
+                obs = _db(pred_aligned[m]) - x_db[m]  # observed ERL
+                up = int((obs > self.erl_db).sum())
+                self.erl_db += _UP * up - _DOWN * (int(m.sum()) - up)
+        m = pred_max > thr
+        if m.any():
+            obs = _db(pred_max[m]) - x_db[m]
+            up = int((obs > self._erl_max_db).sum())
+            self._erl_max_db += _UP * up - _DOWN * (int(m.sum()) - up)
+        # Noise floor: a percentile of recent hops. Echo raises it, which only makes the gate
+        # more careful while the bot talks.
+        n = len(self._noise)
+        for v in x_db:
+            self._noise[self._noise_i % n] = v
+            self._noise_i += 1
+        if self._noise_i - self._noise_at >= 16:
+            self._noise_at = self._noise_i
+            vals = self._noise[: min(self._noise_i, n)]
             if len(vals) >= 8:
-                self.noise_db = float(np.percentile(vals, s.noise_percentile))
-
-        self._hop = h + 1
-        return pred_aligned, pred_max
+                k = int(round(self.settings.noise_percentile / 100 * (len(vals) - 1)))
+                self.noise_db = float(np.partition(vals, k)[k])
 
     def _update_lag(self) -> None:
         s = self.settings
