@@ -94,7 +94,13 @@ class Bus(abc.ABC):
     """Interface shared by the embedded (in-process) bus and the Redis Streams bus.
 
     One instance may serve both sides (a laptop ``callgate serve``) or one side; several
-    instances over one backend behave like separate processes.
+    instances over one backend behave like separate processes. Methods start the bus on first
+    use; after ``aclose()`` they raise ``BusClosedError``, and running iterators end with it.
+
+    Writes (``open_call``, ``publish``, ``close_call``, ``ack``, ``send``, ``save_context``)
+    return without waiting for the server and never raise for an outage: they are applied in
+    the order they were made, later if the server is away (see ``flush``). Bad input raises
+    ``EventError`` (not a JSON-able dict with a str ``type``) or ``InvalidNameError``.
     """
 
     def __init__(self, *, bus_id: str | None = None) -> None:
@@ -126,33 +132,53 @@ class Bus(abc.ABC):
     async def publish(self, call_sid: str, event: Event) -> str:
         """Append ``event`` to the call's uplink; returns its ``eid``. Never blocks the caller's
         audio path for long: an implementation that loses its server buffers (bounded) and
-        flushes in order once it is back."""
+        flushes in order once it is back. After this bus closed the call, the event is
+        dropped (logged at debug)."""
 
     @abc.abstractmethod
     def downlink(self, call_sid: str) -> AsyncIterator[BusMessage]:
-        """The call's downlink, in order, from the start of the call; ends after ``close_call``."""
+        """The call's downlink, in order, from the start of the call; ends after ``close_call``.
+
+        Each iterator reads the whole downlink itself (several may run) and drops events whose
+        ``eid`` it already yielded (a re-send by a worker that took the call over)."""
 
     @abc.abstractmethod
     async def close_call(self, call_sid: str) -> None:
-        """The call is over: stop its iterators and let its keys expire."""
+        """The call is over: stop its iterators and let its keys expire.
+
+        Either side may call it. Both iterators end after yielding what was written before it;
+        the call can no longer be claimed."""
 
     # -- worker side ----------------------------------------------------------------------
     @abc.abstractmethod
     def claim_calls(self, worker_id: str) -> AsyncIterator[CallInfo]:
-        """New calls for this worker, and calls whose worker died (claimed over)."""
+        """New calls for this worker, and calls whose worker died (claimed over).
+
+        Runs until the bus closes. Each call yielded is owned by ``worker_id`` on this bus
+        from then on; call ``load_context`` for it: a call claimed over has the state its last
+        worker saved. Calls this bus still owns when it closes go back to the pool at once.
+        ``worker_id`` must be unique to this bus instance (two buses with one id share calls)."""
 
     @abc.abstractmethod
     def uplink(self, call_sid: str, worker_id: str) -> AsyncIterator[BusMessage]:
         """The call's uplink for the owning worker, unacked messages first; ends when the
-        call ends."""
+        call ends.
+
+        Takes the call if nobody owns it (a call taken this way, never claimed, is not
+        registered for takeover). Raises ``CallOwnershipError`` when another live worker owns
+        it, and ``OwnershipLostError`` mid-iteration when another worker took it over because
+        this one stopped renewing its lease (a frozen process): stop handling the call then.
+        Within one bus a message is yielded at most once, even across reopened iterators;
+        messages the saved context covers (``save_context(through=...)``) are skipped."""
 
     @abc.abstractmethod
     async def ack(self, call_sid: str, message_id: str) -> None:
-        """The worker has handled an uplink message."""
+        """The worker has handled an uplink message (after ``save_context``, if it saves)."""
 
     @abc.abstractmethod
     async def send(self, call_sid: str, event: Event) -> str:
-        """Append ``event`` to the call's downlink; returns its ``eid``."""
+        """Append ``event`` to the call's downlink; returns its ``eid``. Buffered like
+        ``publish``."""
 
     @abc.abstractmethod
     async def save_context(
@@ -163,10 +189,11 @@ class Bus(abc.ABC):
         Args:
             call_sid: the call.
             context: JSON-able state; replaces what was saved before.
-            through: the id of the last uplink message this context reflects; the next owner's
-                ``uplink()`` skips (and acks) messages up to it. Defaults to the last message
-                this bus's ``uplink()`` yielded for the call, which is right for the usual
-                handle -> save_context -> ack loop.
+            through: the id (``BusMessage.id``) of the last uplink message this context
+                reflects, every earlier one included; the next owner's ``uplink()`` skips
+                (and acks) messages up to it. None leaves the mark saved before unchanged.
+                In the usual loop (handle a message, save with ``through=message.id``, then
+                ack it) a takeover never handles a message twice into the context.
         """
 
     @abc.abstractmethod

@@ -1,0 +1,1330 @@
+"""The Redis Streams bus: gateways and session workers as separate processes and machines.
+
+Key layout (``cg`` is the ``prefix``; every key of one call shares the ``{call_sid}`` hash tag,
+so one call lives in one Redis Cluster slot)::
+
+    cg:{CA..}:up       uplink stream (gateway -> worker); consumer group "workers"
+    cg:{CA..}:down     downlink stream (worker -> gateway); read with XREAD from the last id seen
+    cg:{CA..}:ctx      hash: ctx (JSON context), through (last uplink id it covers), info (CallInfo)
+    cg:{CA..}:owner    owning worker id, PX lease renewed by its heartbeat; "!closed" once ended
+    cg:calls           pool-wide new-calls stream; consumer group "workers"
+    cg:worker:<id>     worker liveness, PX worker_ttl, refreshed every heartbeat
+    cg:wake:<bus>:...  tiny per-bus streams that wake this bus's blocking readers
+
+Streams are trimmed on every XADD (``MAXLEN ~ stream_maxlen``); a call's keys get ``EXPIRE
+max_call_s`` when opened and ``EXPIRE call_ttl_s`` when closed. ``cg:calls`` keeps an entry
+pending for every live call (see claiming) and is trimmed to its oldest pending entry
+(``XTRIM MINID``) by the claim loops, with ``MAXLEN ~ calls_maxlen`` as a backstop.
+
+Claiming. A worker reads ``cg:calls`` with XREADGROUP and takes a call by setting its owner key
+(Lua: SET when free). It does not ack the entry while the call lasts: the entry stays in the
+group's pending list as the registry of live calls, and the owner's heartbeat touches it
+(XCLAIM to itself, JUSTID) along with renewing the owner lease (Lua: PEXPIRE if still ours). When a worker dies both stop:
+its lease expires after ``worker_ttl_s`` and its entries go idle; every worker's claim loop
+XAUTOCLAIMs entries idle for ``claim_idle_ms`` (lease + one heartbeat, so the lease is surely
+gone), takes the orphaned call with the same Lua, and yields it. Its ``uplink()`` then moves the
+call's pending uplink messages to itself (XAUTOCLAIM on the call's group) and yields them first,
+skipping those the saved context covers. Worst case from kill to takeover: worker_ttl +
+heartbeat + claim_interval (3 s with the defaults). An entry whose stream entry vanished
+(trimmed, or Redis lost its data) is re-announced by its owner's heartbeat.
+
+Redis Cluster. The keys are laid out for it, but RedisBus talks to one Redis (standalone, or a
+Sentinel-managed primary): it batches across calls (a shard's XREADGROUP names many calls'
+streams; one Lua script renews up to 256 leases), which a Cluster client would have to split
+by hash slot. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
+
+Reading many calls. Each bus runs one uplink reader per worker id and one downlink reader. A
+reader spreads its calls over shards of ``streams_per_read`` (64) streams; a shard is a task
+with its own connection blocking in one XREADGROUP (or XREAD) over all its streams, so a worker
+with 1,000 calls holds 16 reading connections, not 1,000, and an event costs one re-issued read
+of 64 streams, not of 1,000. A shard learns about a new call through its wake stream, which is
+part of the same blocking read.
+
+Outages. Every write (publish, send, ack, save_context, open/close) is an op in one ordered,
+bounded buffer (``bus._retry``) drained by one writer task in pipelined batches; when Redis is
+away the writer backs off (exponential, jittered) and retries the same batch, so writes land in
+order once it is back, and ``publish()`` never waits on the network. A retried batch may land
+twice in part; consumers drop the copies by eid. Readers resume from the last id they saw;
+after a reconnect the uplink reader re-reads its pending entries, since a reply lost with the
+connection may have delivered some. A Redis that restarts empty (no persistence) loses what
+it held; the bus recreates its groups and leases, and whatever was buffered lands afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import os
+import socket
+import time
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
+from ._errors import (
+    BusClosedError,
+    BusUnavailableError,
+    CallOwnershipError,
+    EventError,
+    OwnershipLostError,
+)
+from ._retry import Op, OutboundBuffer, is_critical, make_backoff, make_retry
+
+__all__ = ["RedisBus"]
+
+log = logging.getLogger("callgate.bus")
+
+T = TypeVar("T")
+
+GROUP = "workers"
+TOMBSTONE = "!closed"
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+)
+
+# KEYS: owner, up. ARGV: worker, lease_ms, tombstone, require_stream.
+# -> {1, me} already mine | {2, me} taken | {0, other} owned | {-1, ""} closed | {-2, ""} gone
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, cur}
+end
+if cur == ARGV[3] then return {-1, ''} end
+if cur then return {0, cur} end
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return {-2, ''} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {2, ARGV[1]}
+"""
+
+# KEYS: owner keys. ARGV: worker, lease_ms, tombstone.
+# -> per key: 1 renewed | 2 re-taken (it had lapsed) | 0 lost to another worker | -1 closed
+# One script renews a batch: on Redis Cluster the batch would have to be split by hash slot.
+_RENEW = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur = redis.call('GET', key)
+  if cur == ARGV[1] then
+    redis.call('PEXPIRE', key, ARGV[2])
+    out[i] = 1
+  elseif cur == ARGV[3] then
+    out[i] = -1
+  elseif not cur then
+    redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
+    out[i] = 2
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+_RENEW_BATCH = 256
+
+# KEYS: owner. ARGV: worker. Delete the lease only if it is still ours.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_LOST = object()  # uplink queue sentinel: another worker took the call
+_CLOSED = object()  # queue sentinel: the bus is closing
+_END = object()  # _accept result: the call's end marker
+
+
+def _sid(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _err_code(exc: BaseException) -> str:
+    return str(exc).split(" ", 1)[0]
+
+
+class _State(enum.Enum):
+    NEW = "new"  # built; no connection yet (start() or the first call opens it)
+    OPEN = "open"  # serving
+    CLOSING = "closing"  # aclose() is flushing and handing calls back
+    CLOSED = "closed"  # done; every method raises BusClosedError
+
+
+@dataclass(eq=False)
+class _Owned:
+    """A call this bus holds the lease on, for one worker id."""
+
+    call_sid: str
+    worker_id: str
+    info: CallInfo | None
+    entry_ids: set[str] = field(default_factory=set)  # its pending entries in cg:calls
+    queue: asyncio.Queue[Any] | None = None  # the running uplink() iterator's queue
+    announced: str | None = None  # our re-announcement's entry, until we see it pending
+
+    def entries(self) -> list[str]:
+        """Every cg:calls entry that announces this call, for acking when it ends."""
+        return sorted({*self.entry_ids, *([self.announced] if self.announced else [])})
+
+
+class _Sub:
+    """One iterator's inbox, filled by a reader task."""
+
+    __slots__ = ("queue", "last")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.last: tuple[int, int] = (0, 0)  # highest id put in the queue
+
+
+class _Outage:
+    """The bus's view of its server: one log line when it goes, one when it is back."""
+
+    def __init__(self, bus: RedisBus) -> None:
+        self._bus = bus
+        self.since: float | None = None
+
+    def lost(self, exc: BaseException) -> None:
+        if self.since is not None:
+            return
+        self.since = time.monotonic()
+        buf = self._bus._buf
+        log.warning(
+            "bus %s: lost Redis at %s (%s: %s); buffering writes in order (%d pending, "
+            "limit %d, oldest non-critical dropped beyond) and retrying with backoff",
+            self._bus.bus_id, self._bus._where, type(exc).__name__, exc, len(buf), buf.max_ops,
+        )  # fmt: skip
+
+    def ok(self, *, flushed: bool = False) -> None:
+        if self.since is None:
+            return
+        buf = self._bus._buf
+        if len(buf) and not flushed:
+            return  # the writer says it when its backlog is written
+        log.warning(
+            "bus %s: Redis at %s is back after %.1fs; buffered writes flushed in order "
+            "(%d dropped on overflow so far)",
+            self._bus.bus_id, self._bus._where, time.monotonic() - self.since, buf.dropped_total,
+        )  # fmt: skip
+        self.since = None
+
+
+class RedisBus(Bus):
+    """Redis Streams implementation of :class:`~bus.Bus` (redis-py asyncio).
+
+    Args:
+        url: ``redis://`` or ``rediss://`` URL of one Redis (a primary).
+        prefix: first part of every key, to share one Redis between deployments or tests.
+        bus_id: this instance's name (eid prefix, wake keys); random by default.
+        stream_maxlen: approximate cap of each uplink/downlink stream (XADD MAXLEN ~).
+        calls_maxlen: approximate cap of the pool-wide calls stream (a backstop; see module).
+        call_ttl_s: how long a call's keys outlive ``close_call``.
+        max_call_s: TTL set on a call's keys when opened, so a gateway that dies mid-call
+            leaves nothing behind forever.
+        heartbeat_interval_s: how often a worker renews its liveness key and call leases.
+        worker_ttl_s: liveness key and lease TTL: a dead worker's calls are free after this.
+        claim_idle_ms: idle time after which a call entry is considered orphaned; default
+            ``worker_ttl_s + heartbeat_interval_s``.
+        claim_interval_s: how often a claim loop scans for orphaned calls.
+        claim_batch: new calls one claim read may take.
+        block_ms: the longest a reader blocks before it re-issues its read.
+        streams_per_read: the most call streams one blocking read (one connection) covers.
+        buffer_max: writes kept while Redis is away before dropping non-critical ones.
+        batch_max: writes sent in one pipeline.
+        backoff_base_s, backoff_cap_s: reconnect backoff (exponential with full jitter).
+        socket_timeout_s, connect_timeout_s: per-command and connect timeouts.
+        read_retries: retries of a one-off read (``load_context``) before BusUnavailableError.
+        close_timeout_s: how long ``aclose`` waits to flush buffered writes.
+        trim_interval_s: how often a claim loop trims the calls stream.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "cg",
+        bus_id: str | None = None,
+        stream_maxlen: int = 10_000,
+        calls_maxlen: int = 100_000,
+        call_ttl_s: float = 3600.0,
+        max_call_s: float = 24 * 3600.0,
+        heartbeat_interval_s: float = 0.5,
+        worker_ttl_s: float = 2.0,
+        claim_idle_ms: int | None = None,
+        claim_interval_s: float = 0.5,
+        claim_batch: int = 4,
+        block_ms: int = 5000,
+        streams_per_read: int = 64,
+        buffer_max: int = 10_000,
+        batch_max: int = 512,
+        backoff_base_s: float = 0.05,
+        backoff_cap_s: float = 1.0,
+        socket_timeout_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
+        read_retries: int = 5,
+        close_timeout_s: float = 5.0,
+        trim_interval_s: float = 30.0,
+    ) -> None:
+        super().__init__(bus_id=bus_id)
+        check_name(prefix, "prefix")
+        if worker_ttl_s <= heartbeat_interval_s:
+            raise ValueError("worker_ttl_s must exceed heartbeat_interval_s")
+        self._url = url
+        self._prefix = prefix
+        self._stream_maxlen = int(stream_maxlen)
+        self._calls_maxlen = int(calls_maxlen)
+        self._call_ttl = max(1, int(call_ttl_s))
+        self._max_call = max(1, int(max_call_s))
+        self._hb_interval = heartbeat_interval_s
+        self._lease_ms = max(1, int(worker_ttl_s * 1000))
+        self._claim_idle_ms = (
+            int(claim_idle_ms)
+            if claim_idle_ms is not None
+            else int((worker_ttl_s + heartbeat_interval_s) * 1000)
+        )
+        self._claim_interval = claim_interval_s
+        self._claim_batch = claim_batch
+        self._block_ms = int(block_ms)
+        self._streams_per_read = max(1, int(streams_per_read))
+        self._batch_max = batch_max
+        self._backoff = make_backoff(backoff_base_s, backoff_cap_s)
+        self._socket_timeout = socket_timeout_s
+        self._connect_timeout = connect_timeout_s
+        self._read_retry = make_retry(read_retries, backoff_base_s, backoff_cap_s)
+        self._close_timeout = close_timeout_s
+        self._trim_interval = trim_interval_s
+
+        self._state = _State.NEW
+        self._buf = OutboundBuffer(buffer_max)
+        self._outage = _Outage(self)
+        self._redis: Redis | None = None
+        self._closing: asyncio.Future[None] | None = None
+        self._wake_writer: asyncio.Event | None = None
+        self._flush_waiters: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writer: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._workers: set[str] = set()
+        self._owned: dict[str, _Owned] = {}
+        self._up_readers: dict[str, _Reader] = {}
+        self._down_reader: _Reader | None = None
+        self._up_seen: dict[str, SeenWindow] = {}
+        self._closed_calls: dict[str, None] = {}  # calls this bus closed (bounded, newest last)
+        self._where = url.split("@")[-1]  # never log credentials
+        self._host = socket.gethostname()
+
+    # -- keys -----------------------------------------------------------------------------
+    def _key(self, call_sid: str, part: str) -> str:
+        return f"{self._prefix}:{{{call_sid}}}:{part}"
+
+    @property
+    def _calls_key(self) -> str:
+        return f"{self._prefix}:calls"
+
+    def _worker_key(self, worker_id: str) -> str:
+        return f"{self._prefix}:worker:{worker_id}"
+
+    def _wake_key(self, role: str) -> str:
+        return f"{self._prefix}:wake:{self.bus_id}:{role}"
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _client(self, *, blocking: bool = False) -> Redis:
+        timeout = self._socket_timeout + (self._block_ms / 1000 if blocking else 0.0)
+        client: Redis = Redis.from_url(
+            self._url,
+            retry=Retry(NoBackoff(), 0),  # the bus retries itself, with its own backoff
+            socket_timeout=timeout,
+            socket_connect_timeout=self._connect_timeout,
+            single_connection_client=blocking,
+            client_name=f"callgate-bus-{self.bus_id}",
+            driver_info=None,  # skip CLIENT SETINFO on every (re)connect
+        )
+        return client
+
+    async def start(self) -> None:
+        if self._state is _State.OPEN:
+            return
+        if self._state is not _State.NEW:
+            raise BusClosedError("this bus is closed; build a new one")
+        loop = asyncio.get_running_loop()
+        self._redis = self._client()
+        self._acquire_script = self._redis.register_script(_ACQUIRE)
+        self._renew_script = self._redis.register_script(_RENEW)
+        self._closing = loop.create_future()
+        self._wake_writer = asyncio.Event()
+        self._state = _State.OPEN
+        self._writer = self._spawn(self._writer_loop(), "writer")
+
+    def _spawn(self, coro: Awaitable[T], name: str) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"callgate-bus-{self.bus_id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("bus %s: task %s died", self.bus_id, task.get_name(), exc_info=task.exception())
+
+    async def _open(self) -> Redis:
+        if self._state is _State.NEW:
+            await self.start()
+        if self._state is not _State.OPEN:
+            raise BusClosedError("the bus is closed")
+        assert self._redis is not None
+        return self._redis
+
+    def _check_open(self) -> None:
+        if self._state is not _State.OPEN:
+            raise BusClosedError("the bus is closed")
+
+    async def _sleep(self, delay: float) -> None:
+        """Sleep, but raise BusClosedError as soon as the bus starts closing."""
+        assert self._closing is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._closing), delay)
+        self._check_open()
+
+    async def _until_closed(self, aw: Awaitable[T]) -> T:
+        """Await ``aw`` unless the bus starts closing first (then cancel it, BusClosedError)."""
+        assert self._closing is not None
+        task = asyncio.ensure_future(aw)
+        try:
+            await asyncio.wait({task, self._closing}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await _cancel(task)  # before the caller closes the connection it runs on
+            raise
+        if not task.done():
+            await _cancel(task)
+            raise BusClosedError("the bus is closed")
+        return task.result()
+
+    async def _until_ok(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``fn`` until it gets through to Redis, backing off; only closing stops it."""
+        failures = 0
+        while True:
+            self._check_open()
+            try:
+                result = await self._until_closed(fn())
+            except _CONNECTION_ERRORS as exc:
+                failures += 1
+                self._outage.lost(exc)
+                await self._sleep(self._backoff.compute(failures))
+                continue
+            self._outage.ok()
+            return result
+
+    async def aclose(self) -> None:
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            return
+        if self._state is _State.NEW:
+            self._state = _State.CLOSED
+            return
+        self._state = _State.CLOSING
+        assert self._closing is not None and self._redis is not None
+        self._closing.set_result(None)
+        for reader in [*self._up_readers.values(), self._down_reader]:
+            if reader is not None:
+                reader.close()
+        for owned in self._owned.values():
+            if owned.queue is not None:
+                owned.queue.put_nowait(_CLOSED)
+        if self._heartbeat is not None:
+            await _cancel(self._heartbeat)  # no renewal may race the hand-back below
+        if not await self._flush_until(self._close_timeout):
+            log.error(
+                "bus %s: closing with %d writes not stored (Redis at %s unreachable)",
+                self.bus_id, len(self._buf), self._where,
+            )  # fmt: skip
+        await self._hand_back_calls()
+        self._state = _State.CLOSED
+        for task in list(self._tasks):
+            await _cancel(task)
+        wakes = [k for r in (*self._up_readers.values(), self._down_reader) if r for k in r.wake_keys]
+        if wakes:
+            with contextlib.suppress(*_CONNECTION_ERRORS):
+                await self._redis.delete(*wakes)
+        await self._redis.aclose()
+
+    async def _hand_back_calls(self) -> None:
+        """Give the calls this bus still owns to the pool at once (no waiting for the lease)."""
+        if not self._owned or self._redis is None:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for owned in self._owned.values():
+            pipe.eval(_RELEASE, 1, self._key(owned.call_sid, "owner"), owned.worker_id)
+            if owned.entries():
+                # Mark the entries long idle so the next claim scan anywhere takes them.
+                pipe.xclaim(
+                    self._calls_key, GROUP, owned.worker_id, 0, owned.entries(),
+                    idle=10 * self._claim_idle_ms + 86_400_000, justid=True,
+                )  # fmt: skip
+        try:
+            await asyncio.wait_for(pipe.execute(raise_on_error=False), self._socket_timeout)
+        except (*_CONNECTION_ERRORS, asyncio.TimeoutError) as exc:
+            log.warning("bus %s: could not hand back %d calls: %s", self.bus_id, len(self._owned), exc)
+        self._owned.clear()
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if getattr(self, "_state", None) in (_State.OPEN, _State.CLOSING):
+            _warn(f"unclosed RedisBus {self.bus_id}", ResourceWarning, source=self, stacklevel=1)
+
+    # -- the writer -----------------------------------------------------------------------
+    def _enqueue(self, op: Op) -> None:
+        for victim in self._buf.push(op):
+            dropped = self._buf.dropped_total
+            if dropped == 1 or dropped % 1000 == 0:
+                log.error(
+                    "bus %s: write buffer full (%d): dropped %d non-critical events so far "
+                    "(latest: %s for call %s)",
+                    self.bus_id, self._buf.max_ops, dropped, victim.kind, victim.call_sid,
+                )  # fmt: skip
+        assert self._wake_writer is not None
+        self._wake_writer.set()
+
+    async def _writer_loop(self) -> None:
+        assert self._wake_writer is not None
+        redis = self._redis
+        assert redis is not None
+        failures = 0
+        while True:
+            batch = self._buf.take(self._batch_max)
+            if not batch:
+                self._wake_writer.clear()
+                await self._wake_writer.wait()
+                continue
+            pipe = redis.pipeline(transaction=False)
+            for op in batch:
+                for command in op.commands:
+                    pipe.execute_command(*command)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except _CONNECTION_ERRORS as exc:
+                self._buf.requeue()
+                failures += 1
+                self._outage.lost(exc)
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            except BaseException:
+                self._buf.requeue()
+                raise
+            failures = 0
+            self._buf.commit()
+            self._outage.ok(flushed=not len(self._buf))
+            self._report(batch, results)
+            waiters, self._flush_waiters = self._flush_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _report(self, batch: list[Op], results: list[Any]) -> None:
+        at = 0
+        for op in batch:
+            for command, result in zip(op.commands, results[at : at + len(op.commands)], strict=True):
+                if isinstance(result, ResponseError) and _err_code(result) not in ("BUSYGROUP", "NOGROUP"):
+                    log.error("bus %s: %s %s for call %s failed: %s",
+                              self.bus_id, op.kind, command[0], op.call_sid or "-", result)  # fmt: skip
+            at += len(op.commands)
+
+    async def _flush_until(self, timeout: float | None) -> bool:
+        target = self._buf.last_seq
+        deadline = None if timeout is None else time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        while self._buf.committed_seq < target:
+            if self._writer is None or self._writer.done():
+                return False
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._flush_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except asyncio.TimeoutError:
+                return self._buf.committed_seq >= target
+        return True
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        if self._state is _State.NEW:
+            return True
+        self._check_open()
+        return await self._flush_until(timeout)
+
+    # -- gateway side ---------------------------------------------------------------------
+    async def open_call(self, call: CallInfo) -> None:
+        sid = check_name(call.call_sid, "call_sid")
+        await self._open()
+        info = json.dumps(call.to_dict(), separators=(",", ":"))
+        up, down, ctx = self._key(sid, "up"), self._key(sid, "down"), self._key(sid, "ctx")
+        self._enqueue(
+            Op("open_call", sid, [
+                ("XGROUP", "CREATE", up, GROUP, "0", "MKSTREAM"),
+                ("XGROUP", "CREATE", down, GROUP, "0", "MKSTREAM"),
+                ("HSET", ctx, "info", info),
+                ("EXPIRE", up, self._max_call, "NX"),
+                ("EXPIRE", down, self._max_call, "NX"),
+                ("EXPIRE", ctx, self._max_call, "NX"),
+                ("XADD", self._calls_key, "MAXLEN", "~", self._calls_maxlen, "*", "call", info),
+            ])
+        )  # fmt: skip
+
+    async def publish(self, call_sid: str, event: Event) -> str:
+        return await self._append(call_sid, event, "up", "publish")
+
+    async def send(self, call_sid: str, event: Event) -> str:
+        return await self._append(call_sid, event, "down", "send")
+
+    async def _append(self, call_sid: str, event: Event, part: str, kind: str) -> str:
+        check_name(call_sid, "call_sid")
+        if self._state is not _State.OPEN:
+            await self._open()
+        stamped, eid, payload = self._stamp(event)
+        if call_sid in self._closed_calls:
+            log.debug("bus %s: %s %s to closed call %s dropped", self.bus_id, kind, stamped["type"], call_sid)
+            return eid
+        key = self._key(call_sid, part)
+        self._enqueue(
+            Op(kind, call_sid,
+               [("XADD", key, "MAXLEN", "~", self._stream_maxlen, "*", "e", payload)],
+               critical=is_critical(stamped))
+        )  # fmt: skip
+        return eid
+
+    async def close_call(self, call_sid: str) -> None:
+        check_name(call_sid, "call_sid")
+        await self._open()
+        if call_sid in self._closed_calls:
+            return
+        self._closed_calls[call_sid] = None
+        if len(self._closed_calls) > 100_000:
+            del self._closed_calls[next(iter(self._closed_calls))]
+        up, down = self._key(call_sid, "up"), self._key(call_sid, "down")
+        ttl = self._call_ttl
+        self._enqueue(
+            Op("close_call", call_sid, [
+                ("XADD", up, "MAXLEN", "~", self._stream_maxlen, "*", "c", "end"),
+                ("XADD", down, "MAXLEN", "~", self._stream_maxlen, "*", "c", "end"),
+                ("SET", self._key(call_sid, "owner"), TOMBSTONE, "EX", ttl),
+                ("EXPIRE", up, ttl),
+                ("EXPIRE", down, ttl),
+                ("EXPIRE", self._key(call_sid, "ctx"), ttl),
+            ])
+        )  # fmt: skip
+
+    async def downlink(self, call_sid: str) -> AsyncIterator[BusMessage]:
+        check_name(call_sid, "call_sid")
+        await self._open()
+        if self._down_reader is None:
+            self._down_reader = _Reader(self, "down", None, self._streams_per_read)
+        reader = self._down_reader
+        key = self._key(call_sid, "down").encode()
+        sub = _Sub()
+        await reader.add(key, sub)
+        seen = SeenWindow()
+        try:
+            while True:
+                item = await sub.queue.get()
+                if item is _CLOSED:
+                    raise BusClosedError("the bus is closed")
+                message_id, fields = item
+                if not fields:
+                    continue
+                if b"c" in fields:
+                    return
+                event = json.loads(fields[b"e"])
+                id_key = parse_stream_id(_sid(message_id))
+                eid = event.get("eid")
+                if seen.seen(id_key, eid):
+                    continue
+                seen.add(id_key, eid)
+                yield BusMessage(_sid(message_id), event)
+        finally:
+            reader.remove(key, sub)
+
+    # -- worker side ----------------------------------------------------------------------
+    def _register_worker(self, worker_id: str) -> None:
+        self._workers.add(worker_id)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = self._spawn(self._heartbeat_loop(), "heartbeat")
+
+    async def _acquire(self, call_sid: str, worker_id: str, *, orphan: bool) -> tuple[int, str]:
+        code, owner = await self._acquire_script(
+            keys=[self._key(call_sid, "owner"), self._key(call_sid, "up")],
+            args=[worker_id, self._lease_ms, TOMBSTONE, "1" if orphan else "0"],
+        )
+        return int(code), _sid(owner)
+
+    async def claim_calls(self, worker_id: str) -> AsyncIterator[CallInfo]:
+        check_name(worker_id, "worker_id")
+        redis = await self._open()
+        self._register_worker(worker_id)
+        client = self._client(blocking=True)
+        calls = self._calls_key
+        taken: list[CallInfo] = []  # owned by us, not yet handed to the caller
+        unread: list[tuple[str, Any]] = []  # entries delivered to us, not yet considered
+        try:
+            await self._until_ok(lambda: self._create_groups(redis, [calls]))
+            cursor = "0-0"
+            next_scan = 0.0
+            next_trim = time.monotonic() + self._trim_interval
+            failures = 0
+            while True:
+                self._check_open()
+                while taken:
+                    yield taken.pop(0)
+                try:
+                    if unread:
+                        entry_id, fields = unread[0]
+                        info = await self._until_closed(self._consider(entry_id, fields, worker_id, orphan=False))
+                        unread.pop(0)
+                        if info is not None:
+                            taken.append(info)
+                        continue
+                    now = time.monotonic()
+                    if now >= next_scan:
+                        cursor = await self._until_closed(self._scan_orphans(worker_id, cursor, taken))
+                        if cursor == "0-0":
+                            next_scan = now + self._claim_interval
+                        continue
+                    if now >= next_trim:
+                        next_trim = now + self._trim_interval
+                        await self._until_closed(self._trim_calls())
+                    block = max(1, int((next_scan - now) * 1000))
+                    reply = await self._until_closed(
+                        client.xreadgroup(GROUP, worker_id, {calls: ">"}, count=self._claim_batch, block=block)
+                    )
+                    failures = 0
+                    self._outage.ok()
+                    for _, entries in reply or []:
+                        unread.extend((_sid(entry_id), fields) for entry_id, fields in entries)
+                except ResponseError as exc:
+                    if _err_code(exc) != "NOGROUP":
+                        raise
+                    await self._until_ok(lambda: self._create_groups(redis, [calls]))
+                except _CONNECTION_ERRORS as exc:
+                    failures += 1
+                    self._outage.lost(exc)
+                    await self._sleep(self._backoff.compute(failures))
+        finally:
+            await client.aclose()
+            self._give_back(taken, [entry_id for entry_id, _ in unread], worker_id)
+
+    def _give_back(self, taken: list[CallInfo], unread: list[str], worker_id: str) -> None:
+        """A claim loop stopped holding calls it took, or entries it read, that its caller never
+        got: hand them to the pool at once (ordered behind our other writes). When the bus is
+        closing, ``aclose`` hands back every call it owns instead."""
+        if self._state is not _State.OPEN:
+            return
+        entries = list(unread)
+        for info in taken:
+            owned = self._owned.pop(info.call_sid, None)
+            if owned is None:
+                continue
+            entries += owned.entries()
+            self._enqueue(Op("give_back", info.call_sid,
+                             [("EVAL", _RELEASE, 1, self._key(info.call_sid, "owner"), worker_id)]))  # fmt: skip
+        if entries:
+            idle = 10 * self._claim_idle_ms + 86_400_000
+            self._enqueue(Op("give_back", "", [("XCLAIM", self._calls_key, GROUP, worker_id, 0,
+                                                *entries, "IDLE", idle, "JUSTID")]))  # fmt: skip
+
+    async def _scan_orphans(self, worker_id: str, cursor: str, taken: list[CallInfo]) -> str:
+        """One XAUTOCLAIM page of idle call entries; calls taken go to ``taken``. Returns the
+        next cursor. Entries not considered when it fails stay in our PEL, found by a later
+        scan (ours or another worker's)."""
+        assert self._redis is not None
+        reply = await self._redis.xautoclaim(
+            self._calls_key, GROUP, worker_id, self._claim_idle_ms, cursor, count=64
+        )
+        next_cursor, entries = _sid(reply[0]), reply[1]
+        for entry_id, fields in entries:
+            info = await self._consider(_sid(entry_id), fields, worker_id, orphan=True)
+            if info is not None:
+                taken.append(info)
+        return next_cursor
+
+    async def _consider(
+        self, entry_id: str, fields: dict[bytes, bytes] | None, worker_id: str, *, orphan: bool
+    ) -> CallInfo | None:
+        """Try to take the call an entry of cg:calls announces."""
+        assert self._redis is not None
+        raw = (fields or {}).get(b"call")
+        if raw is None:
+            await self._redis.xack(self._calls_key, GROUP, entry_id)
+            return None
+        info = CallInfo.from_dict(json.loads(raw))
+        sid = info.call_sid
+        mine = self._owned.get(sid)
+        if mine is not None and orphan:
+            # Our own entry went idle: our heartbeat has stalled. Check the lease rather than
+            # assume it; if another worker has taken the call, let go of it.
+            code, owner = await self._acquire(sid, mine.worker_id, orphan=True)
+            if code <= 0:
+                self._drop_owned(mine, _LOST if code == 0 else None)
+                if code < 0:
+                    await self._redis.xack(self._calls_key, GROUP, entry_id)
+                return None
+        if mine is not None:
+            # A re-announcement of a call this bus holds: keep it pending, under its worker.
+            mine.entry_ids.add(entry_id)
+            if mine.announced == entry_id:
+                mine.announced = None
+            if mine.worker_id != worker_id:
+                await self._redis.xclaim(self._calls_key, GROUP, mine.worker_id, 0, [entry_id], justid=True)
+            return None
+        code, owner = await self._acquire(sid, worker_id, orphan=orphan)
+        if code in (1, 2):
+            self._owned[sid] = _Owned(sid, worker_id, info, {entry_id})
+            if orphan:
+                log.warning("bus %s: worker %s took over call %s (its worker stopped renewing)",
+                            self.bus_id, worker_id, sid)  # fmt: skip
+            return info
+        if code < 0:  # ended (or expired): nothing to resume
+            await self._redis.xack(self._calls_key, GROUP, entry_id)
+        # code 0: a live worker owns it; the entry now idles in our PEL until its heartbeat
+        # takes it back (XCLAIM), or until it dies and a scan finds it again.
+        return None
+
+    async def _trim_calls(self) -> None:
+        """Trim cg:calls below its oldest pending entry: older ones are acked (ended calls)."""
+        assert self._redis is not None
+        calls = self._calls_key
+        pending = await self._redis.xpending(calls, GROUP)
+        groups = await self._redis.xinfo_groups(calls)
+        last = next((g["last-delivered-id"] for g in groups if _sid(g["name"]) == GROUP), None)
+        if last is None:
+            return
+        bound = parse_stream_id(_sid(last))
+        if pending.get("pending") and pending.get("min"):
+            bound = min(bound, parse_stream_id(_sid(pending["min"])))
+        await self._redis.xtrim(calls, minid=f"{bound[0]}-{bound[1]}", approximate=False)
+
+    async def _create_groups(self, redis: Redis, keys: list[str], start: str = "0") -> None:
+        pipe = redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.execute_command("XGROUP", "CREATE", key, GROUP, start, "MKSTREAM")
+        for result in await pipe.execute(raise_on_error=False):
+            if isinstance(result, ResponseError) and _err_code(result) != "BUSYGROUP":
+                raise result
+
+    async def uplink(self, call_sid: str, worker_id: str) -> AsyncIterator[BusMessage]:
+        check_name(call_sid, "call_sid")
+        check_name(worker_id, "worker_id")
+        redis = await self._open()
+        self._register_worker(worker_id)
+        owned = self._owned.get(call_sid)
+        if owned is None or owned.worker_id != worker_id:
+            code, owner = await self._until_ok(lambda: self._acquire(call_sid, worker_id, orphan=False))
+            if code == 0:
+                raise CallOwnershipError(call_sid, owner)
+            owned = None
+            if code > 0:
+                owned = self._owned[call_sid] = _Owned(call_sid, worker_id, None)
+        sub = _Sub()
+        if owned is not None:
+            owned.queue = sub.queue
+        seen = self._up_seen.setdefault(call_sid, SeenWindow())
+        up = self._key(call_sid, "up")
+        through_raw, history = await self._until_ok(lambda: self._history(redis, call_sid, worker_id))
+        through = parse_stream_id(through_raw) if through_raw else None
+        reader = self._up_readers.get(worker_id)
+        if reader is None:
+            reader = self._up_readers[worker_id] = _Reader(self, f"up:{worker_id}", worker_id, self._streams_per_read)
+        key = up.encode()
+        ended = False
+        try:
+            await reader.add(key, sub)
+            for message_id, fields in history:
+                message = self._accept(call_sid, message_id, fields, seen, through, True)
+                if message is _END:
+                    ended = True
+                    return
+                if message is not None:
+                    yield message  # type: ignore[misc]
+            while True:
+                item = await sub.queue.get()
+                if item is _CLOSED:
+                    raise BusClosedError("the bus is closed")
+                if item is _LOST:
+                    raise OwnershipLostError(call_sid, "?", f"call {call_sid}: another worker took it over")
+                message = self._accept(call_sid, item[0], item[1], seen, through, False)
+                if message is _END:
+                    ended = True
+                    return
+                if message is not None:
+                    yield message  # type: ignore[misc]
+        finally:
+            reader.remove(key, sub)
+            current = self._owned.get(call_sid)
+            if current is not None and current.queue is sub.queue:
+                current.queue = None
+            if ended:
+                self._finish(call_sid)
+
+    async def _history(
+        self, redis: Redis, call_sid: str, worker_id: str
+    ) -> tuple[str | None, list[tuple[bytes, dict[bytes, bytes]]]]:
+        """The context's ``through`` mark, and every pending uplink message of the call (an
+        earlier owner's or ours), moved to ``worker_id``, in id order."""
+        up = self._key(call_sid, "up")
+        through = await redis.hget(self._key(call_sid, "ctx"), "through")
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor: str = "0-0"
+        while True:
+            try:
+                reply = await redis.xautoclaim(up, GROUP, worker_id, 0, cursor, count=500)
+            except ResponseError as exc:
+                if _err_code(exc) != "NOGROUP":
+                    raise
+                await self._create_groups(redis, [up])
+                continue
+            entries.extend(reply[1])
+            if len(reply) > 2 and reply[2]:
+                log.error("bus %s: call %s lost %d uplink messages trimmed before being handled",
+                          self.bus_id, call_sid, len(reply[2]))  # fmt: skip
+            cursor = _sid(reply[0])
+            if cursor == "0-0":
+                break
+        return (_sid(through) if through else None), entries
+
+    def _accept(
+        self,
+        call_sid: str,
+        raw_id: bytes | str,
+        fields: dict[bytes, bytes] | None,
+        seen: SeenWindow,
+        through: tuple[int, int] | None,
+        redelivered: bool,
+    ) -> BusMessage | object | None:
+        """Turn one uplink entry into a message, or None to skip it, or _END."""
+        message_id = _sid(raw_id)
+        if not fields:
+            return None
+        up = self._key(call_sid, "up")
+        if b"c" in fields:
+            self._enqueue(Op("ack", call_sid, [("XACK", up, GROUP, message_id)]))
+            return _END
+        id_key = parse_stream_id(message_id)
+        event = json.loads(fields[b"e"])
+        eid = event.get("eid")
+        if through is not None and id_key <= through:
+            self._enqueue(Op("ack", call_sid, [("XACK", up, GROUP, message_id)]))
+            return None
+        if seen.seen(id_key, eid):
+            if id_key > seen.high:  # a copy of an eid handled before
+                self._enqueue(Op("ack", call_sid, [("XACK", up, GROUP, message_id)]))
+            return None
+        seen.add(id_key, eid)
+        return BusMessage(message_id, event, redelivered)
+
+    def _finish(self, call_sid: str) -> None:
+        """The call's uplink ended: ack its announcement, stop renewing, forget dedup state."""
+        owned = self._owned.pop(call_sid, None)
+        self._up_seen.pop(call_sid, None)
+        if owned is not None and owned.entries():
+            self._enqueue(Op("end_claim", call_sid, [("XACK", self._calls_key, GROUP, *owned.entries())]))
+
+    async def ack(self, call_sid: str, message_id: str) -> None:
+        check_name(call_sid, "call_sid")
+        await self._open()
+        parse_stream_id(message_id)
+        self._enqueue(Op("ack", call_sid, [("XACK", self._key(call_sid, "up"), GROUP, message_id)]))
+
+    async def save_context(
+        self, call_sid: str, context: dict[str, Any], *, through: str | None = None
+    ) -> None:
+        check_name(call_sid, "call_sid")
+        await self._open()
+        if through is not None:
+            parse_stream_id(through)
+        try:
+            payload = json.dumps(context, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise EventError(f"context of {call_sid} is not JSON-able: {exc}") from exc
+        ctx = self._key(call_sid, "ctx")
+        fields: list[Any] = ["ctx", payload, "by", self.bus_id]
+        if through is not None:
+            fields += ["through", through]
+        self._enqueue(
+            Op("save_context", call_sid, [("HSET", ctx, *fields), ("EXPIRE", ctx, self._max_call, "NX")])
+        )
+
+    async def load_context(self, call_sid: str) -> dict[str, Any] | None:
+        check_name(call_sid, "call_sid")
+        redis = await self._open()
+        for op in reversed(list(self._buf.pending())):  # read our own unflushed save first
+            if op.kind == "save_context" and op.call_sid == call_sid:
+                result: dict[str, Any] = json.loads(op.commands[0][3])
+                return result
+        try:
+            raw = await self._read_retry.call_with_retry(
+                lambda: redis.hget(self._key(call_sid, "ctx"), "ctx"), self._noop
+            )
+        except _CONNECTION_ERRORS as exc:
+            self._outage.lost(exc)
+            raise BusUnavailableError(f"could not load the context of {call_sid}: {exc}") from exc
+        if raw is None:
+            return None
+        loaded: dict[str, Any] = json.loads(raw)
+        return loaded
+
+    @staticmethod
+    async def _noop(_exc: BaseException) -> None:
+        return None
+
+    # -- heartbeat ------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        failures = 0
+        while self._state is _State.OPEN:
+            started = time.monotonic()
+            try:
+                await self._heartbeat_once()
+            except _CONNECTION_ERRORS as exc:
+                failures += 1
+                self._outage.lost(exc)
+            except Exception:
+                # A dead heartbeat silently hands every call of this worker to others, while
+                # this worker goes on handling them: log and beat again instead.
+                log.exception("bus %s: heartbeat failed", self.bus_id)
+            else:
+                failures = 0
+                self._outage.ok()
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self._hb_interval - elapsed))
+
+    async def _heartbeat_once(self) -> None:
+        redis = self._redis
+        assert redis is not None
+        owned = list(self._owned.values())
+        workers = sorted(self._workers)
+        pipe = redis.pipeline(transaction=False)
+        for worker_id in workers:
+            n = sum(1 for o in owned if o.worker_id == worker_id)
+            info = json.dumps({"bus": self.bus_id, "host": self._host, "pid": os.getpid(), "calls": n})
+            pipe.set(self._worker_key(worker_id), info, px=self._lease_ms)
+        touched: list[str] = []
+        for worker_id in workers:
+            ids = sorted(
+                {e for o in owned if o.worker_id == worker_id for e in (*o.entry_ids, o.announced) if e}
+            )
+            if ids:
+                touched.append(worker_id)
+                pipe.xclaim(self._calls_key, GROUP, worker_id, 0, ids, justid=True)
+        waiting = [o for o in owned if o.announced]
+        if waiting:
+            pipe.xinfo_groups(self._calls_key)  # last-delivered-id: is a re-announcement read yet?
+        results = await pipe.execute(raise_on_error=False)
+        at = len(workers)
+        claimed = results[at : at + len(touched)]
+        at += len(touched)
+        undelivered: set[str | None] = set()
+        if waiting and isinstance(results[at], list):
+            last = next((g["last-delivered-id"] for g in results[at] if _sid(g["name"]) == GROUP), b"0-0")
+            delivered = parse_stream_id(_sid(last))
+            undelivered = {o.announced for o in waiting if o.announced and parse_stream_id(o.announced) > delivered}
+        # Leases in batches, one round trip each, so that a worker with many calls does not
+        # hold the event loop for one long pack-and-parse (audio paths share the loop).
+        renewing, owned, renewed = owned, [], []
+        for worker_id in workers:
+            mine = [o for o in renewing if o.worker_id == worker_id]
+            for at in range(0, len(mine), _RENEW_BATCH):
+                batch = mine[at : at + _RENEW_BATCH]
+                keys = [self._key(o.call_sid, "owner") for o in batch]
+                args = (*keys, worker_id, self._lease_ms, TOMBSTONE)
+                try:
+                    reply = await redis.evalsha(self._renew_script.sha, len(keys), *args)
+                except NoScriptError:
+                    # First beat on this server (or it restarted empty).
+                    reply = await redis.eval(_RENEW, len(keys), *args)
+                except ResponseError as exc:
+                    log.error("bus %s: lease renewal failed: %s", self.bus_id, exc)
+                    continue
+                owned.extend(batch)
+                renewed.extend(int(code) for code in reply)
+        still_pending: set[str] = set()
+        for result in claimed:
+            if isinstance(result, list):
+                still_pending.update(_sid(i) for i in result)
+            elif isinstance(result, ResponseError) and _err_code(result) == "NOGROUP":
+                await self._create_groups(redis, [self._calls_key])
+        lapsed: list[str] = []
+        for o, result in zip(owned, renewed, strict=True):
+            if self._owned.get(o.call_sid) is not o:
+                continue  # finished meanwhile
+            if result == 0:
+                log.warning("bus %s: worker %s lost call %s to another worker (lease lapsed)",
+                            self.bus_id, o.worker_id, o.call_sid)  # fmt: skip
+                self._drop_owned(o, _LOST)
+            elif result == -1:
+                self._drop_owned(o, None)  # closed: its uplink ends at the end marker
+                if o.entries():
+                    self._enqueue(Op("end_claim", o.call_sid,
+                                     [("XACK", self._calls_key, GROUP, *o.entries())]))  # fmt: skip
+            elif isinstance(result, int):
+                if result == 2:
+                    lapsed.append(o.call_sid)
+                if o.announced in still_pending:
+                    o.entry_ids.add(o.announced)
+                    o.announced = None
+                o.entry_ids &= still_pending
+                if not o.entry_ids and o.info is not None and o.announced not in undelivered:
+                    # Our registry entry vanished (trimmed, or Redis lost its data): without it
+                    # nobody would find the call if we died. The new entry waits, undelivered,
+                    # until some claim loop reads it: alive, we get it back; dead, it is taken
+                    # over. Calls taken with uplink() alone, never claimed, are not registered.
+                    await self._announce(redis, o)
+        if lapsed:
+            log.warning("bus %s: leases on %d calls had lapsed (Redis away or lost its data); "
+                        "taken back: %s", self.bus_id, len(lapsed), " ".join(lapsed[:10]))  # fmt: skip
+
+    def _drop_owned(self, owned: _Owned, sentinel: object | None) -> None:
+        self._owned.pop(owned.call_sid, None)
+        if sentinel is not None and owned.queue is not None:
+            owned.queue.put_nowait(sentinel)
+        self._up_seen.pop(owned.call_sid, None)
+
+    async def _announce(self, redis: Redis, owned: _Owned) -> None:
+        """Put a call we hold back into cg:calls, so that if we die it is found. A claim loop
+        (ours, or another worker's that sees us alive and leaves the entry pending) reads it,
+        and our next heartbeat's XCLAIM finds it pending again."""
+        assert owned.info is not None
+        info = json.dumps(owned.info.to_dict(), separators=(",", ":"))
+        entry_id = await redis.xadd(self._calls_key, {"call": info, "owner": owned.worker_id},
+                                    maxlen=self._calls_maxlen, approximate=True)  # fmt: skip
+        # Not pending anywhere until a claim loop reads it; our XCLAIM then finds it.
+        owned.announced = _sid(entry_id)
+
+
+class _Reader:
+    """Blocking reads over many streams for one bus: the uplinks of one worker id (XREADGROUP,
+    ``group`` mode) or the downlinks of the gateway (XREAD from each inbox's last id).
+
+    Streams are spread over shards of at most ``per_shard`` streams, each shard one task with
+    its own connection blocking in one read over all its streams plus its wake stream. A read
+    costs Redis and the client in proportion to the streams it names, and every event re-issues
+    the read of its shard, so shards keep that cost flat as calls grow, for one connection per
+    ``per_shard`` calls rather than one per call.
+    """
+
+    def __init__(self, bus: RedisBus, role: str, consumer: str | None, per_shard: int) -> None:
+        self.bus = bus
+        self.role = role
+        self.consumer = consumer  # the XREADGROUP consumer (worker id); None: plain XREAD
+        self.per_shard = per_shard
+        self.shards: list[_Shard] = []
+        self._where: dict[bytes, _Shard] = {}
+
+    async def add(self, key: bytes, sub: _Sub) -> None:
+        shard = self._where.get(key)
+        if shard is None:
+            shard = next((s for s in self.shards if len(s.subs) < self.per_shard), None)
+            if shard is None:
+                shard = _Shard(self, len(self.shards))
+                self.shards.append(shard)
+            self._where[key] = shard
+        await shard.add(key, sub)
+
+    def remove(self, key: bytes, sub: _Sub) -> None:
+        shard = self._where.get(key)
+        if shard is not None and shard.remove(key, sub):
+            del self._where[key]
+
+    def close(self) -> None:
+        for shard in self.shards:
+            for subs in shard.subs.values():
+                for sub in subs:
+                    sub.queue.put_nowait(_CLOSED)
+
+    @property
+    def wake_keys(self) -> list[str]:
+        return [shard.wake for shard in self.shards]
+
+
+class _Shard:
+    def __init__(self, reader: _Reader, index: int) -> None:
+        self.reader = reader
+        self.bus = reader.bus
+        self.wake = self.bus._wake_key(f"{reader.role}:{index}")
+        self._wake_b = self.wake.encode()
+        self._wake_last = "0-0"
+        self.subs: dict[bytes, list[_Sub]] = {}
+        self.task: asyncio.Task[None] | None = None
+        self._packed: tuple[tuple[bytes, ...], list[bytes]] | None = None  # (keys, command)
+
+    async def add(self, key: bytes, sub: _Sub) -> None:
+        self.subs.setdefault(key, []).append(sub)
+        if self.task is None or self.task.done():
+            self.task = self.bus._spawn(self._run(), self.wake)
+        else:
+            await _wake(self.bus, self.wake)
+
+    def remove(self, key: bytes, sub: _Sub) -> bool:
+        """Drop ``sub``; True when ``key`` has no inbox left in this shard."""
+        subs = self.subs.get(key)
+        if subs and sub in subs:
+            subs.remove(sub)
+        if subs is not None and not subs:
+            del self.subs[key]
+            return True
+        return False
+
+    async def _run(self) -> None:
+        bus = self.bus
+        consumer = self.reader.consumer
+        client = bus._client(blocking=True)
+        failures = 0
+        resync = False
+        need_groups = consumer is not None
+        try:
+            while bus._state is _State.OPEN:
+                keys = list(self.subs)
+                try:
+                    if consumer is None:
+                        streams: dict[Any, Any] = {self._wake_b: self._wake_last}
+                        for key in keys:
+                            low = min(s.last for s in self.subs[key])
+                            streams[key] = f"{low[0]}-{low[1]}"
+                        reply = await client.xread(streams, count=256, block=bus._block_ms)
+                    else:
+                        if need_groups:
+                            # First run, or Redis lost its data: (re)create the groups we read.
+                            await bus._create_groups(client, [self.wake, *(k.decode() for k in keys)])
+                            await client.pexpire(self.wake, 86_400_000)
+                            need_groups = False
+                        if resync:
+                            await self._resync(client, consumer, keys)
+                            resync = False
+                        reply = await self._read_new(client, consumer, keys)
+                except ResponseError as exc:
+                    if _err_code(exc) != "NOGROUP":
+                        raise
+                    need_groups = True
+                    continue
+                except _CONNECTION_ERRORS as exc:
+                    failures += 1
+                    bus._outage.lost(exc)
+                    resync = True
+                    await asyncio.sleep(bus._backoff.compute(failures))
+                    continue
+                failures = 0
+                bus._outage.ok()
+                self._dispatch(reply or [])
+        finally:
+            await client.aclose()
+
+    async def _read_new(self, client: Redis, consumer: str, keys: list[bytes]) -> list[Any]:
+        """XREADGROUP ... > over the shard's streams. The command only changes when the set of
+        streams does, so it is packed once per change and sent as bytes: packing ~130 arguments
+        on every event would be most of the client's work per event."""
+        if client.connection is None:
+            await client.initialize()
+        conn = client.connection
+        assert conn is not None
+        names = (self._wake_b, *keys)
+        if self._packed is None or self._packed[0] != names:
+            command = conn.pack_command(
+                "XREADGROUP", "GROUP", GROUP, consumer, "COUNT", 256, "BLOCK", self.bus._block_ms,
+                "STREAMS", *names, *([">"] * len(names)),
+            )  # fmt: skip
+            self._packed = (names, command)
+        await conn.send_packed_command(self._packed[1])
+        return _stream_reply(await conn.read_response())
+
+    def _dispatch(self, reply: list[Any]) -> None:
+        for key, entries in reply:
+            if key == self._wake_b:
+                if not entries:
+                    continue
+                if self.reader.consumer is None:
+                    self._wake_last = _sid(entries[-1][0])
+                else:
+                    ids = [e[0] for e in entries]
+                    self.bus._enqueue(Op("wake_ack", "", [("XACK", self.wake, GROUP, *ids)]))
+                continue
+            subs = self.subs.get(key)
+            if not subs:
+                continue  # its iterator went away; uplink entries stay pending for the next one
+            for entry_id, fields in entries:
+                id_key = parse_stream_id(_sid(entry_id))
+                for sub in subs:
+                    if id_key > sub.last:
+                        sub.last = id_key
+                        sub.queue.put_nowait((entry_id, fields))
+
+    async def _resync(self, client: Redis, consumer: str, keys: list[bytes]) -> None:
+        """After a reconnect: re-read our pending entries past what each inbox got, because a
+        reply lost with the connection may have delivered (and so hidden) some."""
+        positions = {}
+        for key in keys:
+            low = min(s.last for s in self.subs[key])
+            positions[key] = f"{low[0]}-{low[1]}"
+        while positions:
+            try:
+                reply = await client.xreadgroup(GROUP, consumer, dict(positions), count=256)
+            except ResponseError as exc:
+                if _err_code(exc) != "NOGROUP":
+                    raise
+                return  # the groups are gone (Redis lost its data): nothing pending to re-read
+            progressed = {}
+            for key, entries in reply or []:
+                if entries and key in positions:
+                    progressed[key] = _sid(entries[-1][0])
+            self._dispatch(reply or [])
+            positions = {k: v for k, v in progressed.items() if k in self.subs}
+
+
+def _stream_reply(raw: Any) -> list[Any]:
+    """A raw XREAD/XREADGROUP reply (RESP2 list or RESP3 map) as [(key, [(id, fields)])]."""
+    if raw is None:
+        return []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    out = []
+    for key, entries in pairs:
+        parsed = []
+        for entry_id, flat in entries:
+            if flat is None:
+                parsed.append((entry_id, None))
+            elif isinstance(flat, dict):
+                parsed.append((entry_id, flat))
+            else:
+                it = iter(flat)
+                parsed.append((entry_id, dict(zip(it, it, strict=True))))
+        out.append((key, parsed))
+    return out
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has finished, whatever it raises.
+
+    Cancels again until it takes: on Python 3.11 ``asyncio.wait_for`` (which redis-py uses
+    around socket writes) can swallow a cancellation that lands as its inner await completes,
+    and the task would then sit in a blocking XREAD for the whole ``block_ms``.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    if not task.cancelled():
+        task.exception()  # retrieved: its failure is moot now
+
+
+async def _wake(bus: RedisBus, key: str) -> None:
+    """Wake a reader blocked on its wake stream, so its next read covers a new stream. If Redis
+    is away the reader is retrying anyway and will include the stream then."""
+    redis = bus._redis
+    if redis is None:
+        return
+    pipe = redis.pipeline(transaction=False)
+    pipe.xadd(key, {"w": "1"}, maxlen=16, approximate=True)
+    pipe.pexpire(key, 86_400_000)
+    with contextlib.suppress(*_CONNECTION_ERRORS):
+        await pipe.execute(raise_on_error=False)
