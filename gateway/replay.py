@@ -148,11 +148,12 @@ async def replay(
     bus: Bus | None = None,
     vad: Any = None,
     keep_audio: bool = False,
+    timeline: Timeline | None = None,
 ) -> tuple[Timeline, TwilioPlayout]:
     """Replay one recording; returns the timeline and what the simulated Twilio played."""
     from vad import VadEngine
 
-    timeline = Timeline(sink=events_out)
+    timeline = timeline or Timeline(sink=events_out)
     own_vad = vad is None
     # One call: batches of one, where ONNX is 2.7x cheaper than TorchScript (bench/vad_throughput).
     engine = VadEngine(runtime="onnx") if own_vad else vad
