@@ -145,12 +145,17 @@ async def replay(
     events_out: IO[str] | None = None,
     settings: CallSettings | None = None,
     realtime: bool = False,
+    speed: float = 1.0,
     bus: Bus | None = None,
     vad: Any = None,
     keep_audio: bool = False,
     timeline: Timeline | None = None,
 ) -> tuple[Timeline, TwilioPlayout]:
-    """Replay one recording; returns the timeline and what the simulated Twilio played."""
+    """Replay one recording; returns the timeline and what the simulated Twilio played.
+
+    ``realtime`` paces frames on the media clock, ``speed`` times faster than 1x; otherwise the
+    replay runs lock-step as fast as the CPU allows (the same timeline either way).
+    """
     from vad import VadEngine
 
     timeline = timeline or Timeline(sink=events_out)
@@ -197,7 +202,7 @@ async def replay(
                 media_start = None
             if media_start is not None and playout is not None:
                 if realtime:
-                    delay = t0 + media_start / 1000 - time.monotonic()
+                    delay = t0 + media_start / 1000 / speed - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
                 # Marks whose audio has played by now, then bot turns due at this frame

@@ -51,8 +51,10 @@ async def test_barge_in_during_a_redis_outage(make_redis_server: Callable[..., R
     timeline = Timeline()
     timeline.add_listener(on_event)
     async with RedisBus(server.url) as gateway_bus:
+        # Paced (10x): the worker must have claimed the call before Redis goes away, as it
+        # would have on a real line.
         await replay(rec.source(name), bot_script=_script(name, False), bus=gateway_bus,
-                     timeline=timeline)
+                     timeline=timeline, realtime=True, speed=10.0)
         assert await gateway_bus.flush(timeout=20)
     await asyncio.wait_for(worker, 30)
 
