@@ -19,7 +19,8 @@ def _replay(args: argparse.Namespace) -> int:
         out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
         try:
             timeline, playout = asyncio.run(
-                replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime)
+                replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime,
+                       speed=args.speed)
             )
         finally:
             if out is not None:
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bot-script", type=Path, help="labels whose bot_turns the bot speaks")
     r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
     r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")
+    r.add_argument("--speed", type=float, default=1.0, help="with --realtime: pace at this many x")
     r.set_defaults(fn=_replay)
 
     c = sub.add_parser("call", help="play a recording into a running gateway, as Twilio would")
