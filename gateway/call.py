@@ -46,7 +46,7 @@ from vad import (
 )
 
 from . import twilio_protocol as tp
-from .audio import ulaw_to_float32
+from .audio import ulaw_to_float32, ulaw_to_pcm16
 from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
 from .timeline import Timeline
 
@@ -57,6 +57,7 @@ log = logging.getLogger("callgate.call")
 SAMPLE_RATE = 8000
 WINDOW = 256
 _NO_FEATURES = WindowFeatures(voicing=0.0, dtmf=0.0)
+PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
 
 class CallRejected(Exception):
@@ -112,6 +113,8 @@ class CallSession:
         authorize: Authorize | None = None,
         on_end: Callable[[CallSession], Awaitable[None]] | None = None,
         settings_for: Callable[[CallInfo], CallSettings] | None = None,
+        transcriber_for: Callable[[CallInfo], Any] | None = None,
+        transcribe_inline: bool = False,
     ) -> None:
         self.settings = settings or CallSettings()
         self.timeline = timeline or Timeline(keep=False)
@@ -139,6 +142,15 @@ class CallSession:
         self._over_uninterruptible = False
         self._hangup_requested = False
         self._closed = asyncio.Event()
+        # Speech to text: the caller's turns, from a little before speech_started to
+        # speech_stopped (``speech`` package protocols: Transcriber / TranscriptionStream).
+        self._transcriber_for = transcriber_for
+        self._transcriber: Any = None
+        self._transcribe_inline = transcribe_inline
+        self._stt_stream: Any = None
+        self._stt_backchannel = False
+        self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)
+        self._stt_tasks: set[asyncio.Task[None]] = set()
         self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
 
     def _configure(self) -> None:
@@ -211,6 +223,8 @@ class CallSession:
             log, {"call_sid": info.call_sid, "stream_sid": msg.stream_sid}
         )
         self._stream = self._vad.open_stream()
+        if self._transcriber_for is not None:
+            self._transcriber = self._transcriber_for(info)
         self.phase = CallPhase.STREAMING
         await self._bus.open_call(info)
         self.emit("call_started", call_sid=info.call_sid, stream_sid=msg.stream_sid,
@@ -224,6 +238,12 @@ class CallSession:
             return
         samples = ulaw_to_float32(msg.payload)
         self._samples += len(samples)
+        if self._transcriber is not None:
+            pcm = ulaw_to_pcm16(msg.payload)
+            if self._stt_stream is not None:
+                self._stt_stream.feed(pcm)
+            else:
+                self._preroll.append(pcm)
         # Twilio's timestamp tells where this audio sits, gaps (lost packets) included.
         self._media_end_ms = max(self._media_end_ms + len(samples) / 8,
                                  msg.timestamp_ms + len(samples) / 8)
@@ -271,9 +291,11 @@ class CallSession:
         if d is Decision.SPEECH_STARTED:
             over = self._bot_state() is BotState.NON_INTERRUPTIBLE
             self._over_uninterruptible = over
+            self._start_transcription()
             self.emit("speech_started")
             await self.publish("speech_started", over_uninterruptible=over)
         elif d is Decision.SPEECH_STOPPED:
+            await self._finish_transcription()
             self.emit("speech_stopped")
             await self.publish("speech_stopped", over_uninterruptible=self._over_uninterruptible,
                                dropped=self._over_uninterruptible
@@ -295,6 +317,7 @@ class CallSession:
             if self._paused_utterance is None:
                 return
             self._paused_utterance = None
+            self._stt_backchannel = True  # a backchannel is no turn: its words stay here
             await self._apply(self.playback.resume(now))
         elif d is Decision.SUPPRESSED:
             u = self.playback.audible(now)
@@ -303,6 +326,48 @@ class CallSession:
                       policy=self.settings.speech_over_uninterruptible)
             await self.publish("interrupt_suppressed", utterance_id=uid,
                                policy=self.settings.speech_over_uninterruptible)
+
+    # -- speech to text ---------------------------------------------------------------------
+    def _start_transcription(self) -> None:
+        if self._transcriber is None or self._stt_stream is not None:
+            return
+        self._stt_stream = self._transcriber.open_stream(sample_rate=SAMPLE_RATE)
+        self._stt_backchannel = False
+        for pcm in self._preroll:
+            self._stt_stream.feed(pcm)
+        self._preroll.clear()
+
+    async def _finish_transcription(self) -> None:
+        stream, self._stt_stream = self._stt_stream, None
+        if stream is None:
+            return
+        dropped = self._stt_backchannel or (
+            self._over_uninterruptible and self.settings.speech_over_uninterruptible == "drop"
+        )
+        reason = "backchannel" if self._stt_backchannel else ("over_uninterruptible"
+                                                             if dropped else None)
+        if self._transcribe_inline:
+            await self._transcribed(stream, dropped, reason)
+        else:
+            task = asyncio.create_task(self._transcribed(stream, dropped, reason))
+            self._stt_tasks.add(task)
+            task.add_done_callback(self._stt_tasks.discard)
+
+    async def _transcribed(self, stream: Any, dropped: bool, reason: str | None) -> None:
+        try:
+            result = await stream.finish()
+        except Exception as exc:  # a speech provider failing must not end the call
+            self._log.warning("speech to text failed: %s", exc)
+            return
+        finally:
+            stream.close()
+        text = str(getattr(result, "text", "")).strip()
+        if self.phase is CallPhase.ENDED and not self._transcribe_inline:
+            return
+        extra = {"dropped": reason} if dropped else {}
+        self.emit("transcript", text=text, final=True, **extra)
+        if text and not dropped:
+            await self.publish("transcript", text=text, final=True)
 
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
@@ -409,6 +474,11 @@ class CallSession:
         self.playback.stop_all()
         if self._stream is not None:
             self._stream.close()
+        if self._stt_stream is not None:
+            self._stt_stream.close()
+            self._stt_stream = None
+        for task in list(self._stt_tasks):
+            task.cancel()
         if was_streaming and self.info is not None:
             self.timeline.emit(self.now_ms, "call_ended", reason=reason)
             await self._bus.publish(self.info.call_sid,

@@ -108,6 +108,7 @@ class GatewayApp:
         self.tokens = CallTokens(settings.token_secret, ttl_s=settings.token_ttl_s)
         self.validator = SignatureValidator(settings.auth_token) if settings.auth_token else None
         self.calls: dict[str, CallSession] = {}
+        self._calls_changed = asyncio.Event()
         self.completed: deque[dict[str, object]] = deque(maxlen=256)
         """Summaries of recently ended calls (for operators and tests)."""
         self.draining = False
@@ -141,6 +142,14 @@ class GatewayApp:
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         body = self.metrics.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def calls_changed(self, timeout: float = 1.0) -> None:
+        """Wait until a call starts or ends (or ``timeout`` passes)."""
+        self._calls_changed.clear()
+        try:
+            await asyncio.wait_for(self._calls_changed.wait(), timeout)
+        except TimeoutError:
+            pass
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "calls": len(self.calls)})
@@ -216,6 +225,11 @@ class GatewayApp:
         if not self._signature_ok(media_url, request.headers.get("X-Twilio-Signature"), None):
             log.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
+        if len(self.calls) >= self.settings.max_calls + max(1, self.settings.max_calls // 10):
+            # The webhook already refuses calls at max_calls; this guards the machine against
+            # sockets that skipped it.
+            self.metrics.calls_refused.labels(reason="socket_over_capacity").inc()
+            raise web.HTTPServiceUnavailable(text="gateway at capacity")
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 << 20)
         await ws.prepare(request)
         session: CallSession | None = None
@@ -248,6 +262,7 @@ class GatewayApp:
                         self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
                         self.calls[session.info.call_sid] = session
+                        self._calls_changed.set()
                         downlink = asyncio.create_task(session.run_downlink())
                     if session.ended:
                         break
@@ -263,6 +278,7 @@ class GatewayApp:
                 await asyncio.gather(downlink, return_exceptions=True)
             if session.info is not None:
                 self.calls.pop(session.info.call_sid, None)
+                self._calls_changed.set()
                 self.completed.append({
                     "call_sid": session.info.call_sid, "media_ms": session.now_ms,
                     "frames_processed": session.frames_processed,
@@ -391,10 +407,40 @@ def serve(args: argparse.Namespace) -> int:
     app.cleanup_ctx.append(background)
     host = args.host or cfg.server.host
     port = args.port if args.port is not None else cfg.server.port
-    log.info("callgate gateway on http://%s:%d (bus: %s, worker: %s)", host, port,
-             "redis" if redis_url else "embedded", "in-process" if run_worker_here else "none")
-    web.run_app(app, host=host, port=port, print=None, shutdown_timeout=cfg.server.drain_timeout_s)
+    asyncio.run(_serve_until_drained(app, host, port, cfg.server.drain_timeout_s,
+                                     "redis" if redis_url else "embedded", run_worker_here))
     return 0
+
+
+async def _serve_until_drained(app: web.Application, host: str, port: int, drain_s: float,
+                               bus_kind: str, worker_here: bool) -> None:
+    """Serve until SIGTERM/SIGINT, then drain: readiness fails and new calls get a polite
+    TwiML answer while the socket stays open; calls in progress go on for up to ``drain_s``;
+    then the app shuts down (remaining calls are closed) and the process exits 0."""
+    gateway = app[GATEWAY_KEY]
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("callgate gateway on http://%s:%d (bus: %s, worker: %s)", host, port, bus_kind,
+             "in-process" if worker_here else "none")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        gateway.draining = True
+        log.info("draining: %d call(s) in progress, up to %.0f s", len(gateway.calls), drain_s)
+        deadline = loop.time() + drain_s
+        while gateway.calls and loop.time() < deadline:
+            await gateway.calls_changed()
+        if gateway.calls:
+            log.warning("drain timeout: closing %d call(s)", len(gateway.calls))
+        else:
+            log.info("drained: no call in progress")
+    finally:
+        await runner.cleanup()
 
 
 def run_worker(args: argparse.Namespace) -> int:
