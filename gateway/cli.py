@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from pathlib import Path
 
@@ -69,7 +69,10 @@ def _config_check(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="callgate", description=__doc__)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default=os.environ.get("CALLGATE_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-json", action="store_true",
+                   default=os.environ.get("CALLGATE_LOG_FORMAT", "").lower() == "json",
+                   help="one JSON object per log line (also CALLGATE_LOG_FORMAT=json)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway (and, with the embedded bus, a worker)")
@@ -115,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from .logs import setup_logging
+
+    setup_logging(args.log_level, json_lines=args.log_json)
     return int(args.fn(args))
 
 
