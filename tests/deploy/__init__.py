@@ -1,0 +1,1 @@
+"""Offline checks of deploy/: the Dockerfile, compose.yaml and the Kubernetes manifests."""
