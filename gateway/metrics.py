@@ -68,6 +68,13 @@ class GatewayMetrics:
                                          "Time to hand an uplink event to the bus",
                                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1),
                                          registry=r)
+        self.frame_lag = Histogram(
+            "callgate_frame_lag_seconds",
+            "Inbound frame received to fully processed (VAD batch, barge-in decision, sends)",
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+                     0.1, 0.25, 1.0),
+            registry=r,
+        )
         self.active = Gauge("callgate_calls_streaming", "Calls with audio flowing", registry=r)
         r.register(_Callbacks(read_state))
 

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import secrets
 from collections import deque
 from collections.abc import Callable
@@ -249,6 +250,7 @@ class GatewayApp:
         try:
             async for msg in ws:
                 if msg.type is WSMsgType.TEXT:
+                    received = time.perf_counter()
                     skipped = session.frames_skipped
                     try:
                         await session.handle_text(msg.data)
@@ -258,6 +260,7 @@ class GatewayApp:
                         await ws.close(code=1008, message=b"call token refused")
                         break
                     self.metrics.frames.inc()
+                    self.metrics.frame_lag.observe(time.perf_counter() - received)
                     if session.frames_skipped != skipped:
                         self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
