@@ -68,9 +68,16 @@ class GatewayMetrics:
                                          "Time to hand an uplink event to the bus",
                                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1),
                                          registry=r)
+        lag_buckets = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+                       0.1, 0.25, 1.0)
+        self.frame_receive_to_done = Histogram(
+            "callgate_frame_processing_seconds",
+            "Inbound frame handed to the call to fully processed (VAD batch, decision, sends)",
+            buckets=lag_buckets, registry=r,
+        )
         self.frame_lag = Histogram(
             "callgate_frame_lag_seconds",
-            "Inbound frame received to fully processed (VAD batch, barge-in decision, sends)",
+            "How far behind its media time a frame is done, against the call's best frame",
             buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.1, 0.25, 1.0),
             registry=r,

@@ -235,6 +235,7 @@ class GatewayApp:
         await ws.prepare(request)
         session: CallSession | None = None
         downlink: asyncio.Task[None] | None = None
+        clock_base: float | None = None
 
         async def send(text: str) -> None:
             if not ws.closed:
@@ -260,7 +261,14 @@ class GatewayApp:
                         await ws.close(code=1008, message=b"call token refused")
                         break
                     self.metrics.frames.inc()
-                    self.metrics.frame_lag.observe(time.perf_counter() - received)
+                    self.metrics.frame_receive_to_done.observe(time.perf_counter() - received)
+                    if session.now_ms > 0:
+                        # Lag behind the media clock: how much later than its audio's own time
+                        # a frame is done, against the call's best (first, unloaded) frames.
+                        # Unlike receive-to-done, it counts frames waiting in socket buffers.
+                        offset = time.perf_counter() - session.now_ms / 1000
+                        clock_base = offset if clock_base is None else min(clock_base, offset)
+                        self.metrics.frame_lag.observe(offset - clock_base)
                     if session.frames_skipped != skipped:
                         self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
