@@ -78,6 +78,19 @@ from ._tts import (
     linear_to_mulaw,
 )
 from ._worker import AgentFactory, SessionWorker, SetupFn, load_agent
+from ._scripted import CONTROL_TOOLS, HANDOVER_TOOL, HANGUP_TOOL, TRANSFER_TOOL, ScriptedLLM
+from ._agents import (
+    ROUTE_KEY,
+    ChatLLM,
+    ConfigAgentFactory,
+    ConfiguredLLMNode,
+    LLMFactory,
+    ToolLoader,
+    agent_factory_from_config,
+    default_llm_factory,
+    setup_from_config,
+)
+from ._runner import run_worker, synthesizer_for
 
 __all__ = [
     "MULAW_BYTES_PER_MS",
@@ -150,4 +163,21 @@ __all__ = [
     "load_agent",
     "parse_event",
     "transfer_twiml",
+    # agents from YAML, the scripted LLM, the worker process
+    "CONTROL_TOOLS",
+    "HANDOVER_TOOL",
+    "HANGUP_TOOL",
+    "ROUTE_KEY",
+    "TRANSFER_TOOL",
+    "ChatLLM",
+    "ConfigAgentFactory",
+    "ConfiguredLLMNode",
+    "LLMFactory",
+    "ScriptedLLM",
+    "ToolLoader",
+    "agent_factory_from_config",
+    "default_llm_factory",
+    "run_worker",
+    "setup_from_config",
+    "synthesizer_for",
 ]
