@@ -125,6 +125,7 @@ async def run_worker(
         agent_factory=factory,
         worker_id=worker_id,
         synthesizer=synthesizer,
+        synthesizer_factory=factory.synthesizer,
         twilio_client=twilio_client,
     )
     logger.info("worker %s: serving agents %s", worker.worker_id, ", ".join(cfg.agents))

@@ -164,6 +164,7 @@ class _Call:
     ack_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     last_eid: str | None = None
     seq: int = 0
+    synth: Synthesizer | None = None  # this call's agent's TTS (None: the worker's default)
 
     def through(self) -> str | None:
         waiting = set(self.unapplied.values())
@@ -200,8 +201,10 @@ class SessionWorker:
         twilio_client: Any = None,
         call_control: CallControl | None = None,
         output_buffer: int = 1,
+        synthesizer_factory: Callable[[CallInfo], Synthesizer] | None = None,
     ) -> None:
         self._bus = bus
+        self._synthesizer_factory = synthesizer_factory
         self._agent_factory = agent_factory
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._synth: Synthesizer = synthesizer or ToneSynthesizer()
@@ -262,6 +265,12 @@ class SessionWorker:
         ended_normally = False
         try:
             if await self._setup_ready(session, setup_task):
+                if self._synthesizer_factory is not None:
+                    try:
+                        state.synth = self._synthesizer_factory(call)
+                    except Exception:  # a broken TTS config must not lose the call
+                        logger.exception("call %s: agent TTS unavailable, using the default",
+                                         call.call_sid)
                 await self._restore(state)
                 pump_task = asyncio.get_running_loop().create_task(
                     self._pump(state), name=f"output:{call.call_sid}"
@@ -525,7 +534,8 @@ class SessionWorker:
     async def _speak_chunk(self, state: _Call, utterance: _Utterance, text: str) -> None:
         if utterance.interrupted or utterance.ended or not text:
             return
-        pieces = [piece async for piece in self._synth.synthesize(text)]
+        synth = state.synth or self._synth
+        pieces = [piece async for piece in synth.synthesize(text)]
         if utterance.interrupted:
             return  # the caller barged in while this chunk was synthesized
         duration = sum(len(p) for p in pieces) / MULAW_BYTES_PER_MS
