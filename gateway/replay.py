@@ -22,7 +22,7 @@ import base64
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -150,11 +150,19 @@ async def replay(
     vad: Any = None,
     keep_audio: bool = False,
     timeline: Timeline | None = None,
+    agent: Callable[[Bus, asyncio.Event], Awaitable[None]] | None = None,
+    transcriber_for: Callable[[Any], Any] | None = None,
 ) -> tuple[Timeline, TwilioPlayout]:
     """Replay one recording; returns the timeline and what the simulated Twilio played.
 
     ``realtime`` paces frames on the media clock, ``speed`` times faster than 1x; otherwise the
     replay runs lock-step as fast as the CPU allows (the same timeline either way).
+
+    ``agent``: instead of a bot script, a session worker runs on the same bus for the call
+    (``agent(bus, stop)`` returns once ``stop`` is set and its calls are done); the gateway
+    consumes the call's downlink as it does live. The worker answers in wall time, so agent
+    replays are paced (``realtime`` is implied). ``transcriber_for`` gives the call its speech
+    to text (``speech.make_transcriber``), as the live gateway does.
     """
     from vad import VadEngine
 
@@ -177,7 +185,13 @@ async def replay(
         if own_bus:
             await the_bus.start()
         session = CallSession(send=send, bus=the_bus, vad=engine, settings=settings,
-                              timeline=timeline)
+                              timeline=timeline, transcriber_for=transcriber_for,
+                              transcribe_inline=agent is None)
+        stop_agent = asyncio.Event()
+        agent_task = asyncio.create_task(agent(the_bus, stop_agent)) if agent else None
+        downlink_task: asyncio.Task[None] | None = None
+        if agent is not None:
+            realtime = True
         t0 = time.monotonic()
 
         async def deliver(echoes: list[str]) -> None:
@@ -217,10 +231,18 @@ async def replay(
             await asyncio.sleep(0)
             if playout is None and session.stream_sid:
                 playout = TwilioPlayout(stream_sid=session.stream_sid, keep_audio=keep_audio)
+                if agent is not None:
+                    downlink_task = asyncio.create_task(session.run_downlink())
             await deliver([])
             if session.ended:
                 break
         await session.end("replay_finished")
+        if downlink_task is not None:
+            downlink_task.cancel()
+            await asyncio.gather(downlink_task, return_exceptions=True)
+        if agent_task is not None:
+            stop_agent.set()
+            await asyncio.wait_for(agent_task, 30)
     finally:
         if own_bus:
             await the_bus.aclose()

@@ -62,6 +62,7 @@ from ._silero import (
     RuntimeName,
     SileroRuntime,
     VadError,
+    import_runtime,
     load_runtime,
 )
 
@@ -219,6 +220,10 @@ class VadEngine:
         loop = asyncio.get_running_loop()
         if self._runtime is None:
             assert isinstance(self._runtime_spec, str)
+            # Import the runtime's Python package here, on the loop's thread: CPython 3.11's
+            # compiler is not safe to run in two threads at once ("AST constructor recursion
+            # depth mismatch"), and an import compiles. Only the model load goes to a thread.
+            import_runtime(self._runtime_spec)
             runtime = await asyncio.to_thread(load_runtime, self._runtime_spec)
             if self._lifecycle is not _EngineState.NEW:  # closed (or started) meanwhile
                 if self._lifecycle is _EngineState.CLOSED:

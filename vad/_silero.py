@@ -55,6 +55,7 @@ __all__ = [
     "SileroRuntime",
     "TorchScriptSilero",
     "VadError",
+    "import_runtime",
     "initial_state",
     "load_runtime",
     "model_path",
@@ -275,6 +276,17 @@ class TorchScriptSilero:
 def _as_numpy(t: torch.Tensor) -> Float32Array:
     arr: Float32Array = t.numpy()
     return arr
+
+
+def import_runtime(name: str) -> None:
+    """Import the Python package behind a runtime (no model is loaded); unknown names pass."""
+    try:
+        if name == "onnx":
+            import onnxruntime  # noqa: F401
+        elif name == "torchscript":
+            import torch  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeUnavailable(f"the {name} runtime's package cannot be imported: {exc}") from exc
 
 
 def load_runtime(name: RuntimeName) -> SileroRuntime:

@@ -1,0 +1,62 @@
+"""Speech in and out for the phone leg: speech to text and text to speech, offline or OpenAI.
+
+* ``_stt``: the :class:`Transcriber` seam (one :class:`TranscriptionStream` per utterance),
+  :class:`Transcript`, and :func:`make_transcriber`.
+* ``_pocketsphinx``: :class:`PocketsphinxTranscriber`, offline, streamed while the caller speaks.
+* ``_openai_stt``: :class:`OpenAITranscriber`, the utterance uploaded as a WAV on ``finish()``.
+* ``_tts``: the :class:`Synthesizer` seam (same shape as ``nodes.Synthesizer``),
+  :func:`split_sentences` and :func:`make_synthesizer`.
+* ``_espeak``: :class:`EspeakSynthesizer`, offline, eSpeak NG through ctypes, per sentence.
+* ``_openai_tts``: :class:`OpenAISynthesizer`, 24 kHz PCM streamed and converted as it arrives.
+* ``_audio``: stream converters (PCM16 at any rate to 8 kHz mu-law with a low-pass, and back up).
+
+Audio in is 16-bit little-endian mono PCM (8 kHz on the phone leg); audio out is 8 kHz G.711
+mu-law, one byte per sample, as Twilio Media Streams carry it.
+"""
+
+from ._audio import PcmInput, UlawEncoder, encode_wav_pcm16
+from ._errors import (
+    ConfigurationError,
+    EngineUnavailableError,
+    SpeechError,
+    StreamClosedError,
+    StreamFinishedError,
+    StreamStateError,
+    SynthesisError,
+    TranscriptionError,
+)
+from ._espeak import EspeakSynthesizer
+from ._openai_stt import OpenAIStream, OpenAITranscriber
+from ._openai_tts import OpenAISynthesizer
+from ._pocketsphinx import TELEPHONE_CMNINIT, PocketsphinxStream, PocketsphinxTranscriber
+from ._stt import StreamState, Transcriber, Transcript, TranscriptionStream, make_transcriber
+from ._tts import Synthesizer, make_synthesizer, split_sentences
+
+__all__ = [
+    "TELEPHONE_CMNINIT",
+    "ConfigurationError",
+    "EngineUnavailableError",
+    "EspeakSynthesizer",
+    "OpenAIStream",
+    "OpenAISynthesizer",
+    "OpenAITranscriber",
+    "PcmInput",
+    "PocketsphinxStream",
+    "PocketsphinxTranscriber",
+    "SpeechError",
+    "StreamClosedError",
+    "StreamFinishedError",
+    "StreamState",
+    "StreamStateError",
+    "SynthesisError",
+    "Synthesizer",
+    "Transcriber",
+    "Transcript",
+    "TranscriptionError",
+    "TranscriptionStream",
+    "UlawEncoder",
+    "encode_wav_pcm16",
+    "make_synthesizer",
+    "make_transcriber",
+    "split_sentences",
+]
