@@ -11,21 +11,42 @@ from pathlib import Path
 __all__ = ["main"]
 
 
+def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
+    """Without a bot script the configured agent runs: an in-process worker (process
+    composition, as in `serve`; the gateway modules themselves never import nodes/)."""
+    from config import ConfigHolder
+    from nodes import run_worker
+
+    from .server import TranscriberCache, call_settings_from
+
+    holder = ConfigHolder(args.config)
+    cfg = holder.current
+    transcribers = TranscriberCache(holder)
+    return {
+        "agent": lambda bus, stop: run_worker(holder, bus, stop=stop),
+        "transcriber_for": lambda info: transcribers(info.agent),
+        "settings": call_settings_from(cfg.agents[cfg.default_agent].barge_in),
+    }
+
+
 def _replay(args: argparse.Namespace) -> int:
+    from config import ConfigError
+
     from .replay import ReplayError, load_bot_script, replay
 
     try:
         turns = load_bot_script(args.bot_script) if args.bot_script else None
+        extra = {} if turns is not None else _agent_from_config(args)
         out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
         try:
             timeline, playout = asyncio.run(
                 replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime,
-                       speed=args.speed)
+                       speed=args.speed, **extra)  # type: ignore[arg-type]
             )
         finally:
             if out is not None:
                 out.close()
-    except ReplayError as exc:
+    except (ReplayError, ConfigError) as exc:
         print(f"callgate replay: {exc}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
@@ -94,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="replay a recorded call through the gateway")
     r.add_argument("recording", type=Path, help="NAME.twilio.jsonl or a WAV")
-    r.add_argument("--bot-script", type=Path, help="labels whose bot_turns the bot speaks")
+    r.add_argument("--bot-script", type=Path,
+                   help="labels whose bot_turns the bot speaks; without it the configured agent "
+                        "runs (paced, since it answers in real time)")
+    r.add_argument("--config", type=Path, default=None, help="YAML config for the agent")
     r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
     r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")
     r.add_argument("--speed", type=float, default=1.0, help="with --realtime: pace at this many x")

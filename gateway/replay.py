@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from bus import Bus, EmbeddedBus
+from bus import Bus, EmbeddedBus, EmbeddedHub
 
 from . import twilio_protocol as tp
 from .audio import read_wav_ulaw
@@ -171,9 +171,14 @@ async def replay(
     # One call: batches of one, where ONNX is 2.7x cheaper than TorchScript (bench/vad_throughput).
     engine = VadEngine(runtime="onnx") if own_vad else vad
     own_bus = bus is None
-    the_bus = bus or EmbeddedBus()
+    # A replay's own bus has its own hub: replaying the same recording twice (same call SID)
+    # in one process must not meet the first replay's streams.
+    the_bus = bus or EmbeddedBus(hub=EmbeddedHub())
     turns = sorted(bot_script or [], key=lambda t: t.start_ms)
     playout: TwilioPlayout | None = None
+    stop_agent = asyncio.Event()
+    agent_task: asyncio.Task[None] | None = None
+    downlink_task: asyncio.Task[None] | None = None
     outbox: list[str] = []
 
     async def send(text: str) -> None:
@@ -187,9 +192,7 @@ async def replay(
         session = CallSession(send=send, bus=the_bus, vad=engine, settings=settings,
                               timeline=timeline, transcriber_for=transcriber_for,
                               transcribe_inline=agent is None)
-        stop_agent = asyncio.Event()
         agent_task = asyncio.create_task(agent(the_bus, stop_agent)) if agent else None
-        downlink_task: asyncio.Task[None] | None = None
         if agent is not None:
             realtime = True
         t0 = time.monotonic()
@@ -244,6 +247,10 @@ async def replay(
             stop_agent.set()
             await asyncio.wait_for(agent_task, 30)
     finally:
+        for task in (downlink_task, agent_task):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if own_bus:
             await the_bus.aclose()
         if own_vad:

@@ -74,6 +74,8 @@ class GatewaySettings:
     max_calls: int = 200
     agent_for_number: Callable[[str | None], str] = lambda _to: "default"
     call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
+    transcriber_for: Callable[[str], Any] | None = None
+    """Agent name -> its speech to text (``speech.Transcriber``), or None for no transcripts."""
 
     def __post_init__(self) -> None:
         if self.validate_signatures and not self.auth_token:
@@ -247,6 +249,8 @@ class GatewayApp:
             send=send, bus=self.bus, vad=self.vad, timeline=timeline,
             authorize=self._authorize,
             settings_for=lambda info: self.settings.call_settings_for(info.agent),
+            transcriber_for=(None if self.settings.transcriber_for is None
+                             else lambda info: self.settings.transcriber_for(info.agent)),  # type: ignore[misc]
         )
         try:
             async for msg in ws:
@@ -350,6 +354,47 @@ def call_settings_from(barge_in: Any) -> CallSettings:
     )
 
 
+class TranscriberCache:
+    """One transcriber per agent STT configuration (a pocketsphinx transcriber pools its
+    decoders across calls); a reload that changes an agent's ``stt`` section makes a new one."""
+
+    def __init__(self, holder: Any) -> None:
+        self._holder = holder
+        self._cache: dict[tuple[str, str], Any] = {}
+
+    def agent_stt(self, agent: str) -> Any:
+        current = self._holder.current
+        return (current.agents.get(agent) or current.agents[current.default_agent]).stt
+
+    def __call__(self, agent: str) -> Any:
+        from speech import make_transcriber
+
+        stt = self.agent_stt(agent)
+        key = (agent, stt.model_dump_json())
+        if key not in self._cache:
+            if stt.provider == "openai":
+                opts: dict[str, Any] = {"language": stt.language.split("-")[0]}
+                if stt.model:
+                    opts["model"] = stt.model
+                if stt.base_url:
+                    opts["base_url"] = stt.base_url
+                if stt.api_key is not None:
+                    opts["api_key"] = stt.api_key.get_secret_value()
+                self._cache[key] = make_transcriber("openai", **opts)
+            else:
+                self._cache[key] = make_transcriber("pocketsphinx")
+        return self._cache[key]
+
+    async def warm_up(self) -> None:
+        """Load the default agents' offline decoders before the first call (they hold the GIL
+        for ~0.3 s each while loading)."""
+        for name in self._holder.current.agents:
+            transcriber = self(name)
+            warm = getattr(transcriber, "warm_up", None)
+            if warm is not None:
+                await warm(1)
+
+
 def settings_from_config(holder: Any) -> GatewaySettings:
     """GatewaySettings that read ``holder.current`` per call, so a reload reaches new calls and
     leaves calls in progress alone."""
@@ -372,6 +417,7 @@ def settings_from_config(holder: Any) -> GatewaySettings:
         max_calls=cfg.server.max_calls,
         agent_for_number=agent_for_number,
         call_settings_for=call_settings_for,
+        transcriber_for=TranscriberCache(holder),
     )
 
 
@@ -400,6 +446,8 @@ def serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         holder.install_sighup(loop)
         watcher = asyncio.create_task(holder.watch(2.0))
+        if isinstance(settings.transcriber_for, TranscriberCache):
+            await settings.transcriber_for.warm_up()
         stop = asyncio.Event()
         worker: asyncio.Task[None] | None = None
         if run_worker_here:
