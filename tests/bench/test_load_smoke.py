@@ -1,0 +1,113 @@
+"""``python -m bench.load`` works: its quick mode, run as a real subprocess, measures a step.
+
+The smoke run starts everything the full benchmark does (its own redis-server, a pinned
+``callgate serve --redis ... --no-worker``, the bench worker, a load generator over real
+WebSockets) for 5 calls of 5 s. It checks the bench produces figures, not how fast the gateway is.
+The helpers the figures rest on (histogram quantiles, the generator's lean Twilio stand-ins) are
+checked against their references here too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import _loadgen
+from bench.load import bench_config, buckets, histogram_quantile, parse_metrics
+from gateway import twilio_protocol as tp
+from gateway.twilio_sim import TwilioPlayout
+from tests.redis_server import require_redis_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.redis
+def test_quick_run_reports_frame_lag_and_barge_in(tmp_path: Path) -> None:
+    require_redis_server()
+    out = tmp_path / "load.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.load", "--quick", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["rows"]) == 1
+    row = result["rows"][0]
+    assert row["calls"] == 5 and row["calls_ok"] == 5, row["failures"]
+    assert row["frames_per_s"] > 0
+    for key in ("lag_p50_ms", "lag_p99_ms", "proc_p50_ms", "proc_p99_ms", "cpu_s_per_call_min",
+                "gateway_cpu_util", "generator_cpu_util"):
+        assert row[key] is not None and row[key] >= 0, key
+    assert row["lag_p50_ms"] <= row["lag_p99_ms"]
+    assert row["barge_in_measured"] >= 1
+    assert row["barge_in_client_p50_ms"] is not None
+    assert "lag p99" in proc.stdout
+    assert "largest N" in proc.stdout or "no N met" in proc.stdout
+
+
+def test_histogram_quantile_interpolates_within_the_bucket() -> None:
+    lines = ["# TYPE x histogram", 'x_bucket{le="0.01"} 50.0', 'x_bucket{le="0.02"} 90.0',
+             'x_bucket{le="0.05"} 100.0', 'x_bucket{le="+Inf"} 100.0', "x_count 100.0"]
+    text = "\n".join(lines)
+    b = buckets(parse_metrics(text), "x")
+    assert b[-1] == (math.inf, 100.0)
+    assert histogram_quantile(b, 0.5) == pytest.approx(0.01)
+    assert histogram_quantile(b, 0.7) == pytest.approx(0.015)  # halfway through (0.01, 0.02]
+    assert histogram_quantile(b, 0.99) == pytest.approx(0.047)
+    assert histogram_quantile(b, 0.25) == pytest.approx(0.005)  # first bucket from 0
+    assert histogram_quantile([(0.01, 0.0), (math.inf, 0.0)], 0.5) is None
+    assert histogram_quantile([(0.01, 0.0), (math.inf, 3.0)], 0.5) == 0.01  # beyond the last bound
+
+
+def test_generator_frames_are_what_twilio_protocol_builds() -> None:
+    payload = bytes(range(160))
+    import base64
+
+    b64 = base64.b64encode(payload).decode()
+    assert _loadgen.MEDIA % (7, 6, 100, b64, "MZ1") == tp.build_media(
+        sequence_number=7, stream_sid="MZ1", chunk=6, timestamp_ms=100, payload=payload)
+    assert _loadgen.MARK % (9, "MZ1", json.dumps("u1#3")) == tp.build_mark(
+        sequence_number=9, stream_sid="MZ1", name="u1#3")
+
+
+def test_lean_playout_echoes_marks_as_twilio_playout_does() -> None:
+    rng = random.Random(3)
+    lean, ref = _loadgen.LeanPlayout(), TwilioPlayout(stream_sid="MZ1")
+    now = 0.0
+    for i in range(400):
+        now += rng.choice((0.0, 5.0, 20.0))
+        r = rng.random()
+        if r < 0.45:
+            n = rng.choice((160, 80, 1600))
+            lean.media(n, now)
+            ref.receive(tp.media_message("MZ1", b"\xff" * n), at_ms=now)
+        elif r < 0.9:
+            lean.mark(f"m{i}", now)
+            ref.receive(tp.mark_message("MZ1", f"m{i}"), at_ms=now)
+        elif r < 0.95:
+            got = lean.clear(now)
+            # TwilioPlayout plays due marks first (the replay already echoed them), then echoes
+            # the rest at once; together they are the marks the lean one echoes now.
+            due = [json.loads(x)["mark"]["name"] for x in ref.advance(now)]
+            rest = [json.loads(x)["mark"]["name"] for x in ref.receive(tp.clear_message("MZ1"), at_ms=now)]
+            assert got == due + rest
+        else:
+            assert lean.advance(now) == [json.loads(x)["mark"]["name"] for x in ref.advance(now)]
+
+
+def test_bench_config_is_valid(tmp_path: Path) -> None:
+    from config import load_config
+
+    for port in (None, 12345):
+        path = tmp_path / f"agents-{port}.yaml"
+        path.write_text(bench_config(port))
+        cfg = load_config(path, env={"CALLGATE_BENCH_STT_KEY": "k"})
+        assert cfg.server.max_calls >= 10_000
+        for agent in cfg.agents.values():
+            assert agent.stt.provider == ("pocketsphinx" if port is None else "openai")
