@@ -585,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated recording names to cycle through (default: all)")
     p.add_argument("--generators", type=int, default=1,
                    help="load generator processes (all on the load CPU)")
-    p.add_argument("--vad-runtime", choices=("torchscript", "onnx"), default="torchscript")
+    p.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto")
     p.add_argument("--bot", choices=("always", "once", "never"), default="always",
                    help="the bench worker keeps the bot talking over every call (default: the "
                         "gateway's costliest case), speaks once per call, or never")

@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None, help="default: server.port of the config")
     s.add_argument("--config", type=Path, default=None, help="YAML config (default: config/)")
     s.add_argument("--redis", default=None, help="redis:// URL; default: embedded bus")
-    s.add_argument("--vad-runtime", choices=("torchscript", "onnx"), default="torchscript",
-                   help="Silero runtime: torchscript is faster in large batches, onnx below ~32 calls")
+    s.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto",
+                   help="Silero runtime: auto = ONNX for batches under 24 calls, TorchScript above")
     s.add_argument("--no-worker", action="store_true",
                    help="gateway only (workers run as `callgate worker`)")
     s.set_defaults(fn=_serve)

@@ -238,6 +238,7 @@ class GatewayApp:
         session: CallSession | None = None
         downlink: asyncio.Task[None] | None = None
         clock_base: float | None = None
+        media_ms = 0.0
 
         async def send(text: str) -> None:
             if not ws.closed:
@@ -266,7 +267,10 @@ class GatewayApp:
                         break
                     self.metrics.frames.inc()
                     self.metrics.frame_receive_to_done.observe(time.perf_counter() - received)
-                    if session.now_ms > 0:
+                    if session.now_ms > media_ms:
+                        # Only media frames advance the clock; mark echoes arrive whenever
+                        # Twilio sends them and would read as lag against the last frame.
+                        media_ms = session.now_ms
                         # Lag behind the media clock: how much later than its audio's own time
                         # a frame is done, against the call's best (first, unloaded) frames.
                         # Unlike receive-to-done, it counts frames waiting in socket buffers.

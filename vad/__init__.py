@@ -21,6 +21,7 @@ from ._engine import (
 from ._features import WindowFeatures, window_features
 from ._policy import BargeInPolicy, BargeInSettings, BotState, Decision, PolicyState
 from ._silero import (
+    AdaptiveSilero,
     InferenceError,
     InvalidAudio,
     OnnxSilero,
@@ -34,6 +35,7 @@ from ._silero import (
 )
 
 __all__ = [
+    "AdaptiveSilero",
     "BargeInPolicy",
     "BargeInSettings",
     "BotState",

@@ -247,3 +247,24 @@ def test_wav_reader_walks_the_chunks() -> None:
     assert MULAW_LUT[0x80] == 32124 / 32768 and MULAW_LUT[0x00] == -32124 / 32768
     with pytest.raises(WavFormatError, match="not a RIFF/WAVE"):
         read_wav(RECORDINGS / f"{name}.json")
+
+
+def test_adaptive_runtime_picks_by_batch_size_with_the_same_scores() -> None:
+    import numpy as np
+
+    from vad import AdaptiveSilero, load_runtime
+
+    auto = load_runtime("auto")
+    assert isinstance(auto, AdaptiveSilero)
+    onnx, torch_rt = load_runtime("onnx"), load_runtime("torchscript")
+    rng = np.random.default_rng(7)
+    for batch in (1, auto.threshold - 1, auto.threshold, 64):
+        x = (rng.standard_normal((batch, 288)) * 0.1).astype(np.float32)
+        state = np.zeros((2, batch, 128), dtype=np.float32)
+        p_auto, s_auto = auto.infer(x, state)
+        ref = onnx if batch < auto.threshold else torch_rt
+        p_ref, s_ref = ref.infer(x, state)
+        np.testing.assert_array_equal(p_auto, p_ref)
+        np.testing.assert_array_equal(s_auto, s_ref)
+        p_other, _ = (torch_rt if ref is onnx else onnx).infer(x, state)
+        assert np.max(np.abs(p_auto - p_other)) < 1e-4
