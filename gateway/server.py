@@ -386,8 +386,19 @@ class TranscriberCache:
                     opts["api_key"] = stt.api_key.get_secret_value()
                 self._cache[key] = make_transcriber("openai", **opts)
             else:
-                self._cache[key] = make_transcriber("pocketsphinx")
+                # Decoding in worker processes: pocketsphinx holds the GIL while it decodes,
+                # which in this process would stall every call's audio (bench/load.py).
+                from speech import PocketsphinxPoolTranscriber
+
+                self._cache[key] = PocketsphinxPoolTranscriber(workers=2)
         return self._cache[key]
+
+    def close(self) -> None:
+        for transcriber in self._cache.values():
+            close = getattr(transcriber, "close", None)
+            if close is not None:
+                close()
+        self._cache.clear()
 
     async def warm_up(self) -> None:
         """Load the default agents' offline decoders before the first call (they hold the GIL
@@ -466,6 +477,8 @@ def serve(args: argparse.Namespace) -> int:
             worker.cancel()
         watcher.cancel()
         await asyncio.gather(watcher, *( [worker] if worker else []), return_exceptions=True)
+        if isinstance(settings.transcriber_for, TranscriberCache):
+            settings.transcriber_for.close()
 
     app.cleanup_ctx.append(background)
     host = args.host or cfg.server.host

@@ -29,6 +29,7 @@ from ._espeak import EspeakSynthesizer
 from ._openai_stt import OpenAIStream, OpenAITranscriber
 from ._openai_tts import OpenAISynthesizer
 from ._pocketsphinx import TELEPHONE_CMNINIT, PocketsphinxStream, PocketsphinxTranscriber
+from ._pocketsphinx_pool import PocketsphinxPoolStream, PocketsphinxPoolTranscriber
 from ._stt import StreamState, Transcriber, Transcript, TranscriptionStream, make_transcriber
 from ._tts import Synthesizer, make_synthesizer, split_sentences
 
@@ -41,6 +42,8 @@ __all__ = [
     "OpenAISynthesizer",
     "OpenAITranscriber",
     "PcmInput",
+    "PocketsphinxPoolStream",
+    "PocketsphinxPoolTranscriber",
     "PocketsphinxStream",
     "PocketsphinxTranscriber",
     "SpeechError",
