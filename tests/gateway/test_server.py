@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from twilio.request_validator import RequestValidator
 
 from bus import EmbeddedBus
+from gateway.call import CallSettings
 from gateway.client import play_call
 from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
 from tests import recordings_index as rec
@@ -153,8 +154,10 @@ async def test_a_whole_call_over_the_websocket(server: Any) -> None:
                              call_sid=CALL_SID)
     seen = await asyncio.wait_for(worker, 10)
     assert report.stats.audio_bytes == 8000  # the whole utterance, 1 s of mu-law
-    assert report.stats.marks_received == 50  # one mark per 20 ms chunk
-    assert report.stats.marks_echoed == 50
+    chunks = 1000 // CallSettings().chunk_ms  # one media message and one mark per chunk
+    assert report.stats.media_messages == chunks
+    assert report.stats.marks_received == chunks
+    assert report.stats.marks_echoed == chunks
     assert report.stats.clears == 0
     assert seen["types"][0] == "call_started"
     assert "".join(t for t in seen["types"] if t == "dtmf") == "dtmf" * 5
