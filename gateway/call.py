@@ -440,6 +440,9 @@ class CallSession:
             await self.handle_downlink(message.event)
             if self.phase is CallPhase.ENDED:
                 break
+            # A worker may queue a whole utterance at once; yield between its events so other
+            # calls' frames are not held up behind it.
+            await asyncio.sleep(0)
 
     # -- output ----------------------------------------------------------------------------
     async def _pump(self) -> None:
