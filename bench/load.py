@@ -225,7 +225,8 @@ class System:
         cmd = [sys.executable, "-m", "gateway", "--log-level", self.args.gateway_log_level,
                "serve", "--config", str(config), "--redis", self.redis.url, "--no-worker",
                "--host", "127.0.0.1", "--port", str(self.port),
-               "--vad-runtime", self.args.vad_runtime]
+               "--vad-runtime", self.args.vad_runtime,
+               "--vad-max-wait-ms", str(self.args.vad_max_wait_ms)]
         pin_after = False
         if self.gateway_cpu is not None:
             if shutil.which("taskset"):
@@ -586,6 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generators", type=int, default=1,
                    help="load generator processes (all on the load CPU)")
     p.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto")
+    p.add_argument("--vad-max-wait-ms", type=float, default=2.0,
+                   help="the gateway's VAD batching wait (callgate serve --vad-max-wait-ms)")
     p.add_argument("--bot", choices=("always", "once", "never"), default="always",
                    help="the bench worker keeps the bot talking over every call (default: the "
                         "gateway's costliest case), speaks once per call, or never")

@@ -454,7 +454,8 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     redis_url = args.redis or cfg.bus.redis_url
     bus = make_bus(redis_url)
-    app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime))
+    app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime,
+                                                     max_wait_ms=args.vad_max_wait_ms))
     run_worker_here = not args.no_worker
 
     async def background(app: web.Application):  # type: ignore[no-untyped-def]
