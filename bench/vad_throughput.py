@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from gateway.audio import read_wav_ulaw, ulaw_to_float32
 from vad._engine import VadEngine
 from vad._silero import (
     INPUT_SAMPLES,
@@ -51,7 +52,6 @@ from vad._silero import (
     load_runtime,
     model_path,
 )
-from vad._wav import MULAW_LUT, read_mulaw, read_wav
 
 __all__ = ["main"]
 
@@ -60,7 +60,7 @@ WINDOW_S = WINDOW_SAMPLES / 8000  # 32 ms of one call's audio per window
 FRAME = 160  # samples (and mu-law bytes) in one 20 ms Twilio media frame
 
 _REPO = Path(__file__).resolve().parents[1]
-_CANDIDATES = (_REPO / "tests" / "recordings", Path("/work/shared/recordings"))
+_CANDIDATES = (_REPO / "tests" / "recordings",)
 
 
 def _recordings_dir() -> Path:
@@ -84,7 +84,7 @@ def _pin_one_core() -> str:
 
 def _signals(folder: Path, calls: int, seconds: float) -> list[Audio]:
     """``calls`` different excerpts: every recording at several offsets."""
-    audio = [read_wav(p)[0] for p in _caller_wavs(folder)]
+    audio = [ulaw_to_float32(read_wav_ulaw(p)) for p in _caller_wavs(folder)]
     length = int(seconds * 8000)
     out = []
     for i in range(calls):
@@ -100,7 +100,7 @@ def _media_messages(folder: Path, calls: int, frames: int) -> list[list[str]]:
     Compact JSON in the field order of Twilio's docs, 160 mu-law bytes per payload: for
     barge_in_timit these lines equal its ``.twilio.jsonl`` capture except for the stream SID.
     """
-    audio = [read_mulaw(p) for p in _caller_wavs(folder)]
+    audio = [read_wav_ulaw(p) for p in _caller_wavs(folder)]
     out = []
     for i in range(calls):
         data = audio[i % len(audio)]
@@ -255,7 +255,7 @@ def _decode(line: str) -> Audio | None:
     if msg.get("event") != "media":
         return None
     payload = base64.b64decode(msg["media"]["payload"])
-    return MULAW_LUT[np.frombuffer(payload, dtype=np.uint8)]
+    return ulaw_to_float32(payload)
 
 
 def _decode_only(messages: list[list[str]]) -> int:

@@ -1,7 +1,6 @@
 """Tests of vad/: Silero runtimes and the batched engine, on the recorded calls.
 
-Recordings come from ``tests/recordings`` (falling back to the shared corpus until they are
-copied there).
+Recordings come from ``tests/recordings``.
 """
 
 from __future__ import annotations
@@ -14,17 +13,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vad._wav import read_wav
+from gateway.audio import read_wav_ulaw, ulaw_to_float32
 
-_LOCAL = Path(__file__).parents[1] / "recordings"
-RECORDINGS = _LOCAL if _LOCAL.is_dir() else Path("/work/shared/recordings")
+RECORDINGS = Path(__file__).parents[1] / "recordings"
 
 
 @cache
 def recording(name: str) -> npt.NDArray[np.float32]:
     """Inbound audio of recording ``name`` as float32 at 8 kHz (read-only, cached)."""
-    samples, rate = read_wav(RECORDINGS / f"{name}.wav")
-    assert rate == 8000
+    samples = ulaw_to_float32(read_wav_ulaw(RECORDINGS / f"{name}.wav"))
     samples.setflags(write=False)
     return samples
 

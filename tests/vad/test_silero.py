@@ -232,23 +232,6 @@ def test_errors_are_a_tree() -> None:
         assert issubclass(error, VadError)
 
 
-def test_wav_reader_walks_the_chunks() -> None:
-    from vad._wav import MULAW_LUT, WavFormatError, read_mulaw, read_wav
-
-    from . import RECORDINGS
-
-    name = "barge_in_timit"
-    samples, rate = read_wav(RECORDINGS / f"{name}.wav")  # data at byte 58: fmt is 18 bytes + fact
-    raw = read_mulaw(RECORDINGS / f"{name}.wav")
-    assert rate == 8000 and len(samples) == len(raw) == labels(name)["duration_ms"] * 8
-    np.testing.assert_array_equal(samples, MULAW_LUT[np.frombuffer(raw, dtype=np.uint8)])
-    # G.711: 0xFF and 0x7F are the two zeros, 0x00 / 0x80 the extremes (+-32124 of 32768).
-    assert MULAW_LUT[0xFF] == 0.0 and MULAW_LUT[0x7F] == 0.0
-    assert MULAW_LUT[0x80] == 32124 / 32768 and MULAW_LUT[0x00] == -32124 / 32768
-    with pytest.raises(WavFormatError, match="not a RIFF/WAVE"):
-        read_wav(RECORDINGS / f"{name}.json")
-
-
 def test_adaptive_runtime_picks_by_batch_size_with_the_same_scores() -> None:
     import numpy as np
 
