@@ -9,7 +9,6 @@ There are no interim results.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import openai
 from openai import AsyncOpenAI
@@ -18,11 +17,11 @@ from gateway.audio import TELEPHONY_RATE, AudioError
 
 from ._audio import encode_wav_pcm16
 from ._errors import (
-    ConfigurationError,
     StreamClosedError,
     StreamFinishedError,
     TranscriptionError,
 )
+from ._openai_client import openai_client
 from ._stt import StreamState, Transcript
 
 __all__ = ["OpenAIStream", "OpenAITranscriber"]
@@ -64,11 +63,8 @@ class OpenAITranscriber:
         self.prompt = prompt
         self._owns_client = client is None
         if client is None:
-            key = api_key or os.environ.get("OPENAI_API_KEY")
-            if not key:
-                raise ConfigurationError("no API key: pass api_key= or set OPENAI_API_KEY")
-            client = AsyncOpenAI(
-                api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout
+            client = openai_client(
+                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
             )
         self._client = client
 

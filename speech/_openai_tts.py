@@ -15,7 +15,6 @@ not streamed, so prefer ``pcm``.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import AsyncGenerator
 from typing import Final, Literal
 
@@ -26,6 +25,7 @@ from gateway.audio import AudioFormatError, decode_wav_ulaw
 
 from ._audio import UlawEncoder
 from ._errors import ConfigurationError, SynthesisError
+from ._openai_client import openai_client
 
 __all__ = ["OpenAISynthesizer"]
 
@@ -108,11 +108,8 @@ class OpenAISynthesizer:
         self.pcm_sample_rate = pcm_sample_rate
         self._owns_client = client is None
         if client is None:
-            key = api_key or os.environ.get("OPENAI_API_KEY")
-            if not key:
-                raise ConfigurationError("no API key: pass api_key= or set OPENAI_API_KEY")
-            client = AsyncOpenAI(
-                api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout
+            client = openai_client(
+                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
             )
         self._client = client
 
