@@ -4,9 +4,10 @@
 whoever holds the WebSocket (the aiohttp handler, or the replay's Twilio stand-in), sends through
 an injected ``send`` coroutine, and talks to the session worker only through the bus.
 
-Per inbound ``media`` frame it decodes the mu-law payload, runs the call's stream on the shared
-VAD engine, and for every 32 ms window asks the call's echo/noise gate and
-:class:`vad.BargeInPolicy` what the caller is doing. It acts on the answer *at once*, without a
+Per inbound ``media`` frame it decodes the mu-law payload and runs the call's stream on the shared
+VAD engine, which scores every 32 ms window of all calls in batches: Silero, the call's echo/noise
+gate (fed with the bot audio the call sends) and the window's features. For each window it then
+asks :class:`vad.BargeInPolicy` what the caller is doing. It acts on the answer *at once*, without a
 round trip to the worker: ``clear`` to Twilio and the utterance's audio held back (pause), then,
 once the caller has clearly taken the turn, the utterance dropped and ``interrupt`` published with
 what the caller heard (from echoed marks). Utterances of non-interruptible nodes are never
@@ -28,7 +29,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 
 from bus import Bus, CallInfo
 from vad import (
@@ -36,13 +36,10 @@ from vad import (
     BargeInSettings,
     BotState,
     Decision,
-    EchoGate,
     EchoGateSettings,
     PolicyState,
     VadEngine,
     VadStream,
-    WindowFeatures,
-    window_features,
 )
 
 from . import twilio_protocol as tp
@@ -55,8 +52,6 @@ __all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
 log = logging.getLogger("callgate.call")
 
 SAMPLE_RATE = 8000
-WINDOW = 256
-_NO_FEATURES = WindowFeatures(voicing=0.0, dtmf=0.0)
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
 
@@ -136,10 +131,6 @@ class CallSession:
         self._stream: VadStream | None = None
         self._samples = 0  # inbound samples received (media clock)
         self._media_end_ms = 0.0
-        self._history: deque[np.ndarray] = deque()  # inbound samples not yet windowed
-        self._history_len = 0
-        self._window_base = 0  # absolute sample index of _history[0][0]
-        self._prev_tail = np.zeros(128, dtype=np.float32)
         self._paused_utterance: str | None = None
         self._over_uninterruptible = False
         self._hangup_requested = False
@@ -159,7 +150,6 @@ class CallSession:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
         self.policy = BargeInPolicy(self.settings.barge_in)
-        self.gate = EchoGate(self.settings.echo)
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -224,7 +214,7 @@ class CallSession:
         self._log = logging.LoggerAdapter(
             log, {"call_sid": info.call_sid, "stream_sid": msg.stream_sid}
         )
-        self._stream = self._vad.open_stream()
+        self._stream = self._vad.open_stream(echo=self.settings.echo)
         if self._transcriber_for is not None:
             self._transcriber = self._transcriber_for(info)
         self.phase = CallPhase.STREAMING
@@ -249,38 +239,16 @@ class CallSession:
         # Twilio's timestamp tells where this audio sits, gaps (lost packets) included.
         self._media_end_ms = max(self._media_end_ms + len(samples) / 8,
                                  msg.timestamp_ms + len(samples) / 8)
-        self._history.append(samples)
-        self._history_len += len(samples)
-        assert self._stream is not None
-        results = await self._stream.process(samples)
-        for r in results:
-            window = self._take_window(r.end_sample)
-            await self._on_window(r.prob, window)
+        stream = self._stream
+        assert stream is not None
+        # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
+        # frame completes at most one window, so this is the state after the previous window.
+        stream.gate_adapt = self.policy.state is PolicyState.IDLE
+        for r in await stream.process(samples):
+            assert r.gate is not None and r.features is not None
+            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state()):
+                await self._decide(d)
         await self._pump()
-
-    def _take_window(self, end_sample: int) -> np.ndarray:
-        """The 256 inbound samples ending at ``end_sample`` (the VAD's window)."""
-        start = end_sample - WINDOW
-        buf = np.concatenate(list(self._history)) if len(self._history) > 1 else self._history[0]
-        lo = start - self._window_base
-        window = buf[lo : lo + WINDOW]
-        rest = buf[lo + WINDOW :]
-        self._history.clear()
-        if len(rest):
-            self._history.append(rest)
-        self._history_len = len(rest)
-        self._window_base = end_sample
-        return window
-
-    async def _on_window(self, prob: float, window: np.ndarray) -> None:
-        gate = self.gate.process(window, adapt=self.policy.state is PolicyState.IDLE)
-        # The features only matter for windows that pass the gate (see BargeInPolicy.is_caller):
-        # skipping them elsewhere halves the per-window cost on a quiet or echo-only line.
-        feats = window_features(window, self._prev_tail) if gate.passes else _NO_FEATURES
-        self._prev_tail = window[-128:]
-        decisions = self.policy.step(prob, gate, feats, self._bot_state())
-        for d in decisions:
-            await self._decide(d)
 
     def _bot_state(self) -> BotState:
         u = self.playback.audible(self.now_ms)
@@ -373,7 +341,8 @@ class CallSession:
 
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
-        self.gate.clear_reference_from(int(self.now_ms * SAMPLE_RATE / 1000))
+        if self._stream is not None:
+            self._stream.clear_reference_from(int(self.now_ms * SAMPLE_RATE / 1000))
         self.emit("clear_sent", **fields)
 
     async def _interrupt(self, *, reason: str) -> None:
@@ -466,8 +435,9 @@ class CallSession:
     async def _send_chunk(self, chunk: Chunk) -> None:
         await self._send(tp.media_message(self.stream_sid, chunk.payload))
         await self._send(tp.mark_message(self.stream_sid, chunk.mark))
-        start = int(round(chunk.play_at_ms * SAMPLE_RATE / 1000))
-        self.gate.add_reference(start, ulaw_to_float32(chunk.payload))
+        if self._stream is not None:
+            start = int(round(chunk.play_at_ms * SAMPLE_RATE / 1000))
+            self._stream.add_reference(start, ulaw_to_float32(chunk.payload))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def end(self, reason: str) -> None:

@@ -7,7 +7,7 @@
 * ``_policy``: :class:`BargeInPolicy`, the one place where barge-in is decided.
 """
 
-from ._echo import EchoGate, EchoGateSettings, GateReading
+from ._echo import EchoGate, EchoGateBank, EchoGateSettings, GateReading
 from ._engine import (
     EngineClosed,
     EngineError,
@@ -41,6 +41,7 @@ __all__ = [
     "BotState",
     "Decision",
     "EchoGate",
+    "EchoGateBank",
     "EchoGateSettings",
     "EngineClosed",
     "EngineError",

@@ -22,6 +22,13 @@ How the prediction works, per 8 ms hop (64 samples at 8 kHz):
 A second, independent gate tracks the noise floor (a low percentile of the last two seconds of
 inbound hop energies), so steady babble or kitchen noise that Silero half-believes is speech must
 be exceeded by a margin too.
+
+Why a bank: the gate runs on every 32 ms window of every call. Done one call at a time it is a few
+dozen small numpy operations, 70-110 us per window, which at a few hundred calls is most of a core.
+:class:`EchoGateBank` keeps every call's gate state in rows of shared arrays (like the VAD engine's
+slot table) and reads the gates of a whole VAD batch with the same few dozen operations, so the
+cost per window falls with the batch. :class:`EchoGate` is one call's gate on a bank of its own
+(the same arithmetic, row for row).
 """
 
 from __future__ import annotations
@@ -29,13 +36,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["EchoGate", "EchoGateSettings", "GateReading"]
+__all__ = ["EchoGate", "EchoGateBank", "EchoGateSettings", "GateReading"]
 
 HOP = 64  # samples per hop (8 ms at 8 kHz)
 _FLOOR_DB = -100.0
 _UP, _DOWN = 0.25, 0.06  # dB per hop for the echo-gain median trackers
-_MAX_HOPS = 64  # hops one process() call may carry
+_MAX_HOPS = 64  # hops one window may carry
+_RING = 512  # reference hops kept per row (4 s): the lag range behind, what was sent ahead
+_INITIAL_ROWS = 16
+
+Floats = npt.NDArray[np.float64]
 
 
 def _db(energy: np.ndarray | float) -> np.ndarray | float:
@@ -90,208 +102,362 @@ class GateReading:
         return self.level_db - self.echo_db
 
 
-class EchoGate:
-    """Per-call echo and noise gate on the inbound track. Not thread-safe; one per call."""
+class EchoGateBank:
+    """The echo and noise gates of many calls with the same settings, one row per call.
+
+    Rows are handed out by :meth:`open_row` and returned by :meth:`close_row`; :meth:`process`
+    reads the gates of any set of distinct rows, one window each, in one pass. Reference audio
+    (what the bot played) is kept as energy per hop in a ring of ``_RING`` hops per row: the lag
+    range behind the inbound clock and up to ~3.4 s ahead of it (the gateway sends at most its
+    playback lead, 240 ms, ahead). Not thread-safe.
+    """
 
     def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = 8000) -> None:
         self.settings = s = settings or EchoGateSettings()
         self._hop_s = HOP / sample_rate
         self._nlag = max(1, int(round(s.max_lag_ms / 1000 / self._hop_s)) + 1)
+        if self._nlag + 2 * _MAX_HOPS >= _RING:
+            raise ValueError(f"max_lag_ms {s.max_lag_ms} is too long for the reference ring")
         self._lam = float(np.exp(-self._hop_s / s.forget_s))
-        # Reference energy per hop: hops still to come in a dict (the gateway may send a whole
-        # utterance ahead of playback), hops already passed in a ring as long as the lag range.
-        self._future: dict[int, float] = {}
-        self._past = np.zeros(self._nlag + _MAX_HOPS)
-        self._past_db = np.full(self._nlag + _MAX_HOPS, _FLOOR_DB)
         self._active_e = 10 ** (s.ref_active_dbfs / 10)
-        self._last_active = -(10**9)  # last hop whose reference was active
-        self._windows = 0
         self._lags = np.arange(self._nlag)
-        self._k = np.arange(_MAX_HOPS)
-        self._hop = 0  # next inbound hop index
-        self._tail = 0.0
-        # Correlation sums per lag of log inbound (x) vs log delayed reference (y).
-        n = self._nlag
-        self._sw = np.zeros(n)
-        self._sx = np.zeros(n)
-        self._sy = np.zeros(n)
-        self._sxx = np.zeros(n)
-        self._syy = np.zeros(n)
-        self._sxy = np.zeros(n)
-        self._active_hops = 0
-        self.lag_hops: int | None = None
-        self.lag_corr = 0.0
-        self.erl_db = s.default_erl_db  # echo gain in dB below the reference, aligned
-        self._erl_max_db = s.default_erl_db  # same, against the max over all lags
-        nwin = max(8, int(s.noise_window_s / self._hop_s))
-        self._noise = np.zeros(nwin)
-        self._noise_i = 0
-        self._noise_at = 0
-        self.noise_db = -70.0
-        self._pending = np.zeros(0, dtype=np.float32)
+        self._nwin = max(8, int(s.noise_window_s / self._hop_s))
+        self._free: list[int] = []
+        self._rows = 0
+        self._alloc(_INITIAL_ROWS)
+
+    # -- rows --------------------------------------------------------------------------------
+    def _alloc(self, rows: int) -> None:
+        old = self._rows
+        n, s = self._nlag, self.settings
+
+        def grow(a: np.ndarray | None, shape: tuple[int, ...], fill: float, dtype: type) -> np.ndarray:
+            new = np.full((rows, *shape), fill, dtype=dtype)
+            if a is not None:
+                new[:old] = a
+            return new
+
+        first = old == 0
+        g = (lambda name: None) if first else (lambda name: getattr(self, name))
+        self._ref = grow(g("_ref"), (_RING,), 0.0, np.float64)  # reference energy per hop
+        self._hop = grow(g("_hop"), (), 0, np.int64)  # next inbound hop
+        self._last_active = grow(g("_last_active"), (), -(10**9), np.int64)
+        self._windows = grow(g("_windows"), (), 0, np.int64)
+        self._active_hops = grow(g("_active_hops"), (), 0, np.int64)
+        self._sums = grow(g("_sums"), (6, n), 0.0, np.float64)  # w, x, y, xx, yy, xy per lag
+        self._lag = grow(g("_lag"), (), -1, np.int64)  # locked lag in hops, -1: none
+        self._lag_corr = grow(g("_lag_corr"), (), 0.0, np.float64)
+        self._erl = grow(g("_erl"), (), s.default_erl_db, np.float64)
+        self._erl_max = grow(g("_erl_max"), (), s.default_erl_db, np.float64)
+        self._tail = grow(g("_tail"), (), 0.0, np.float64)
+        self._noise = grow(g("_noise"), (self._nwin,), 0.0, np.float64)
+        self._noise_i = grow(g("_noise_i"), (), 0, np.int64)
+        self._noise_at = grow(g("_noise_at"), (), 0, np.int64)
+        self._noise_db = grow(g("_noise_db"), (), -70.0, np.float64)
+        self._free.extend(range(rows - 1, old - 1, -1))
+        self._rows = rows
+
+    def _reset(self, row: int) -> None:
+        s = self.settings
+        self._ref[row] = 0.0
+        self._hop[row] = 0
+        self._last_active[row] = -(10**9)
+        self._windows[row] = 0
+        self._active_hops[row] = 0
+        self._sums[row] = 0.0
+        self._lag[row] = -1
+        self._lag_corr[row] = 0.0
+        self._erl[row] = s.default_erl_db
+        self._erl_max[row] = s.default_erl_db
+        self._tail[row] = 0.0
+        self._noise[row] = 0.0
+        self._noise_i[row] = 0
+        self._noise_at[row] = 0
+        self._noise_db[row] = -70.0
+
+    def open_row(self) -> int:
+        """A fresh row (a new call's gate)."""
+        if not self._free:
+            self._alloc(self._rows * 2)
+        row = self._free.pop()
+        self._reset(row)
+        return row
+
+    def close_row(self, row: int) -> None:
+        self._free.append(row)
+
+    @property
+    def open_rows(self) -> int:
+        return self._rows - len(self._free)
+
+    # -- per-row views (for logs and tests) ---------------------------------------------------
+    def lag_hops(self, row: int) -> int | None:
+        lag = int(self._lag[row])
+        return None if lag < 0 else lag
+
+    def lag_corr(self, row: int) -> float:
+        return float(self._lag_corr[row])
+
+    def erl_db(self, row: int) -> float:
+        return float(self._erl[row])
+
+    def noise_db(self, row: int) -> float:
+        return float(self._noise_db[row])
 
     # -- the reference: what the bot played ------------------------------------------------
-    def add_reference(self, start_sample: int, samples: np.ndarray) -> None:
-        """Record bot audio that plays from inbound sample ``start_sample`` on."""
+    def add_reference(self, row: int, start_sample: int, samples: np.ndarray) -> None:
+        """Record bot audio that plays on ``row``'s line from inbound sample ``start_sample`` on.
+
+        Audio older than the lag range is of no use and ignored; audio more than the ring ahead
+        of the inbound clock is cut off there (a caller of the gateway never sends that far)."""
         n = len(samples)
         if n == 0:
             return
-        sq = np.asarray(samples, dtype=np.float64) ** 2
+        # Energy per hop: the squares laid out from the first hop boundary, summed per hop.
         first = start_sample // HOP
-        # Energy per hop: cumulative sums cut at the hop boundaries the chunk crosses.
-        edges = np.arange(first, (start_sample + n - 1) // HOP + 2) * HOP - start_sample
-        cs = np.concatenate(([0.0], np.cumsum(sq)))
-        parts = np.diff(cs[np.clip(edges, 0, n)]) / HOP
-        for i, e in enumerate(parts):
-            h = first + i
-            if h >= self._hop:
-                self._future[h] = self._future.get(h, 0.0) + float(e)
-            elif h > self._hop - self._nlag:
-                slot = h % len(self._past)
-                self._past[slot] += float(e)
-                self._past_db[slot] = float(_db(self._past[slot]))
-                if self._past[slot] > self._active_e:
-                    self._last_active = max(self._last_active, h)
+        off = start_sample - first * HOP
+        nparts = (off + n + HOP - 1) // HOP
+        sq = np.zeros(nparts * HOP)
+        x = np.asarray(samples, dtype=np.float64)
+        np.multiply(x, x, out=sq[off : off + n])
+        parts = sq.reshape(nparts, HOP).sum(axis=1) / HOP
+        hop = int(self._hop[row])
+        lo = max(first, hop - self._nlag + 1)  # older hops can no longer be read
+        hi = min(first + nparts, hop + _RING - self._nlag - _MAX_HOPS)
+        if hi <= lo:
+            return
+        parts = parts[lo - first : hi - first]
+        ref = self._ref[row]
+        a, b = lo % _RING, hi % _RING
+        if a < b:
+            ref[a:b] += parts
+        else:  # the span wraps around the ring's end
+            ref[a:] += parts[: _RING - a]
+            ref[:b] += parts[_RING - a :]
+        if lo < hop:  # late audio for hops already passed: they count as active from now on
+            pos = np.arange(lo, hop) % _RING
+            active = np.flatnonzero(ref[pos] > self._active_e)
+            if len(active):
+                self._last_active[row] = max(int(self._last_active[row]), lo + int(active[-1]))
 
-    def clear_reference_from(self, sample: int) -> None:
+    def clear_reference_from(self, row: int, sample: int) -> None:
         """The bot's audio from ``sample`` on was cancelled (a Twilio ``clear``)."""
-        h0 = -(-sample // HOP)
-        for h in [h for h in self._future if h >= h0]:
-            del self._future[h]
+        hop = int(self._hop[row])
+        h0 = max(-(-sample // HOP), hop)
+        hi = hop + _RING - self._nlag - _MAX_HOPS
+        if h0 < hi:
+            self._ref[row, np.arange(h0, hi) % _RING] = 0.0
 
     # -- the inbound track ------------------------------------------------------------------
-    def process(self, samples: np.ndarray, *, adapt: bool = True) -> GateReading:
-        """Feed one VAD window of inbound audio (a multiple of the 64-sample hop, at most 64
-        hops) and read the gates.
+    def process(self, rows: npt.NDArray[np.intp], windows: np.ndarray,
+                adapt: npt.NDArray[np.bool_]) -> list[GateReading]:
+        """Read the gates of distinct ``rows``, one window each (``windows``: rows x samples, a
+        multiple of the 64-sample hop, at most 64 hops).
 
-        ``adapt=False`` while the caller is known to be talking: the echo gain and noise floor
-        then hold still, so the caller's own voice cannot teach the gate to ignore it.
-
-        The window's hops are handled together (numpy over hops x lags): this runs for every
-        window of every call, so it is kept to a few dozen array operations.
+        ``adapt[i]`` False while row i's caller is known to be talking: its echo gain and noise
+        floor then hold still, so the caller's own voice cannot teach the gate to ignore it.
         """
         s = self.settings
-        x = np.asarray(samples, dtype=np.float64)
-        nh = min(len(x) // HOP, _MAX_HOPS)
+        b = len(rows)
+        x = np.asarray(windows, dtype=np.float64)
+        nh = min(x.shape[1] // HOP, _MAX_HOPS)
+        if b == 0:
+            return []
         if nh == 0:
-            return GateReading(_FLOOR_DB, _FLOOR_DB, self.noise_db, self.lag_hops is not None,
-                               False)
-        e_in = (x[: nh * HOP].reshape(nh, HOP) ** 2).mean(axis=1)
+            return [GateReading(_FLOOR_DB, _FLOOR_DB, float(self._noise_db[r]),
+                                bool(self._lag[r] >= 0), False) for r in rows]
+        nlag = self._nlag
+        e_in = (x[:, : nh * HOP].reshape(b, nh, HOP) ** 2).mean(axis=2)  # (b, nh)
         x_db = _db(e_in)
-        h0 = self._hop
-        ring = len(self._past)
-        fresh = np.array([self._future.pop(h0 + k, 0.0) for k in range(nh)])
-        slots = (h0 + self._k[:nh]) % ring
-        self._past[slots] = fresh
-        self._past_db[slots] = _db(fresh)
-        idx = (h0 + self._k[:nh, None] - self._lags[None, :]) % ring  # (hops, lags): ref[h - L]
-        refs = self._past[idx]  # slots of hops before the call started hold zeros
-        if self._last_active >= h0 - self._nlag:
-            ref_db = self._past_db[idx]
+        h0 = self._hop[rows]  # (b,)
+        k = np.arange(nh)
+        # refs[i, j, L]: reference energy of hop h0 + j - L of row i (flat ring indices).
+        base = rows * _RING
+        idx = (h0[:, None, None] + k[None, :, None] - self._lags[None, None, :]) % _RING
+        refs = self._ref.reshape(-1).take(idx + base[:, None, None])  # (b, nh, nlag)
+        fresh = refs[:, :, 0]  # (b, nh): this window's own hops
+        fresh_active = fresh.max(axis=1) > self._active_e  # (b,)
+
+        corr = self._last_active[rows] >= h0 - nlag  # rows whose lag range holds bot audio
+        if corr.any():
+            c = np.flatnonzero(corr)
+            cr = rows[c]
+            ref_db = _db(refs[c])  # (c, nh, nlag)
             active = ref_db > s.ref_active_dbfs
-            if fresh.max() > self._active_e:
-                self._last_active = h0 + nh - 1
             # Correlation sums with forgetting, per lag, only where the delayed reference is
             # active (all hops of the window at once; their order inside 32 ms is immaterial).
             w = active.astype(np.float64)
-            cnt = w.sum(axis=0)
+            cnt = w.sum(axis=1)  # (c, nlag)
             decay = self._lam**cnt
-            wx = w * x_db[:, None]
+            xd = x_db[c][:, :, None]
+            wx = w * xd
             wy = w * ref_db
-            self._sw = self._sw * decay + cnt
-            self._sx = self._sx * decay + wx.sum(axis=0)
-            self._sy = self._sy * decay + wy.sum(axis=0)
-            self._sxx = self._sxx * decay + (wx * x_db[:, None]).sum(axis=0)
-            self._syy = self._syy * decay + (wy * ref_db).sum(axis=0)
-            self._sxy = self._sxy * decay + (wx * ref_db).sum(axis=0)
-            self._active_hops += int(active.any(axis=1).sum())
-            self._windows += 1
-            if self._windows % 2 == 0:
-                self._update_lag()
-        elif fresh.max() > self._active_e:
-            self._last_active = h0 + nh - 1
+            sums = self._sums[cr]  # (c, 6, nlag)
+            sums[:, 0] = sums[:, 0] * decay + cnt
+            sums[:, 1] = sums[:, 1] * decay + wx.sum(axis=1)
+            sums[:, 2] = sums[:, 2] * decay + wy.sum(axis=1)
+            sums[:, 3] = sums[:, 3] * decay + (wx * xd).sum(axis=1)
+            sums[:, 4] = sums[:, 4] * decay + (wy * ref_db).sum(axis=1)
+            sums[:, 5] = sums[:, 5] * decay + (wx * ref_db).sum(axis=1)
+            self._sums[cr] = sums
+            self._active_hops[cr] += active.any(axis=2).sum(axis=1)
+            self._windows[cr] += 1
+            due = self._windows[cr] % 2 == 0
+            if due.any():
+                self._update_lag(cr[due])
+        self._last_active[rows] = np.where(fresh_active, h0 + nh - 1, self._last_active[rows])
 
         # Reverberant tail: the aligned prediction decays instead of dropping to zero.
-        pred_aligned = np.zeros(nh)
-        if self.lag_hops is not None:
-            tail = self._tail
-            for k, aligned in enumerate(refs[:, self.lag_hops]):
-                tail = max(float(aligned), tail * s.tail_decay)
-                pred_aligned[k] = tail
-            self._tail = tail
-        pred_max = refs.max(axis=1)
+        lag = self._lag[rows]
+        locked = lag >= 0
+        pred_aligned = np.zeros((b, nh))
+        if locked.any():
+            li = np.flatnonzero(locked)
+            aligned = refs[li, :, lag[li]]  # (l, nh)
+            tail = self._tail[rows[li]]
+            for j in range(nh):
+                tail = np.maximum(aligned[:, j], tail * s.tail_decay)
+                pred_aligned[li, j] = tail
+            self._tail[rows[li]] = tail
+        pred_max = refs.max(axis=2)  # (b, nh)
 
-        if adapt:
-            self._adapt(x_db, pred_aligned, pred_max)
-        self._hop = h0 + nh
+        if adapt.any():
+            self._adapt(rows, np.flatnonzero(adapt), x_db, pred_aligned, pred_max, locked)
+        self._hop[rows] = h0 + nh
+        # Hops now behind the lag range: zero them for the ring's next lap.
+        old = (h0[:, None] + k[None, :] - nlag + 1) % _RING
+        self._ref[rows[:, None], old] = 0.0
 
-        level = float(_db(e_in.mean()))
-        locked = self.lag_hops is not None
-        if locked:
-            echo_e = float(pred_aligned.mean()) * 10 ** (-self.erl_db / 10)
-        else:
-            echo_e = float(pred_max.mean()) * 10 ** (-self._erl_max_db / 10)
-        echo_db = float(_db(echo_e)) if echo_e > 0 else _FLOOR_DB
+        level = _db(e_in.mean(axis=1))
+        erl = np.where(locked, self._erl[rows], self._erl_max[rows])
+        pred = np.where(locked, pred_aligned.mean(axis=1), pred_max.mean(axis=1))
+        echo_e = pred * 10 ** (-erl / 10)
+        echo_db = np.where(echo_e > 0, _db(echo_e), _FLOOR_DB)
+        noise_db = self._noise_db[rows]
         passes = (
-            level >= s.min_level_dbfs
-            and level >= self.noise_db + s.noise_margin_db
-            and level >= echo_db + s.echo_margin_db
+            (level >= s.min_level_dbfs)
+            & (level >= noise_db + s.noise_margin_db)
+            & (level >= echo_db + s.echo_margin_db)
         )
-        return GateReading(level, echo_db, self.noise_db, locked, passes)
+        return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
+                                             locked.tolist(), passes.tolist(), strict=True)]
 
-    def _adapt(self, x_db: np.ndarray, pred_aligned: np.ndarray, pred_max: np.ndarray) -> None:
-        """Echo gain trackers and noise floor, from this window's hops.
+    def _adapt(self, rows: np.ndarray, sel: np.ndarray, x_db: Floats, pred_aligned: Floats,
+               pred_max: Floats, locked: npt.NDArray[np.bool_]) -> None:
+        """Echo gain trackers and noise floor of rows ``rows[sel]``, from this window's hops.
 
         The echo gains are running medians in dB, one step per active hop, so hops far above
         the prediction (the caller) move them by one step only. They move towards "more echo"
         four times slower than towards "less echo": a caller who talks a lot must not teach the
         gate that the line is all echo.
         """
-        thr = 10 ** (self.settings.ref_active_dbfs / 10)
-        if self.lag_hops is not None:
-            m = pred_aligned > thr
-            if m.any():
-                obs = _db(pred_aligned[m]) - x_db[m]  # observed ERL
-                up = int((obs > self.erl_db).sum())
-                self.erl_db += _UP * up - _DOWN * (int(m.sum()) - up)
-        m = pred_max > thr
-        if m.any():
-            obs = _db(pred_max[m]) - x_db[m]
-            up = int((obs > self._erl_max_db).sum())
-            self._erl_max_db += _UP * up - _DOWN * (int(m.sum()) - up)
+        thr = self._active_e
+        r = rows[sel]
+        xd = x_db[sel]
+        with np.errstate(divide="ignore"):
+            pa = pred_aligned[sel]
+            m = (pa > thr) & locked[sel][:, None]
+            erl = self._erl[r]
+            up = (m & (_db(pa) - xd > erl[:, None])).sum(axis=1)
+            self._erl[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
+            pm = pred_max[sel]
+            m = pm > thr
+            erl = self._erl_max[r]
+            up = (m & (_db(pm) - xd > erl[:, None])).sum(axis=1)
+            self._erl_max[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
         # Noise floor: a percentile of recent hops. Echo raises it, which only makes the gate
         # more careful while the bot talks.
-        n = len(self._noise)
-        for v in x_db:
-            self._noise[self._noise_i % n] = v
-            self._noise_i += 1
-        if self._noise_i - self._noise_at >= 16:
-            self._noise_at = self._noise_i
-            vals = self._noise[: min(self._noise_i, n)]
-            if len(vals) >= 8:
-                k = int(round(self.settings.noise_percentile / 100 * (len(vals) - 1)))
-                self.noise_db = float(np.partition(vals, k)[k])
+        n = self._nwin
+        nh = xd.shape[1]
+        ni = self._noise_i[r]
+        self._noise[r[:, None], (ni[:, None] + np.arange(nh)[None, :]) % n] = xd
+        ni = ni + nh
+        self._noise_i[r] = ni
+        due = ni - self._noise_at[r] >= 16
+        if not due.any():
+            return
+        dr = r[due]
+        self._noise_at[dr] = ni[due]
+        full = ni[due] >= n
+        pct = self.settings.noise_percentile / 100
+        if full.any():
+            fr = dr[full]
+            kk = int(round(pct * (n - 1)))
+            self._noise_db[fr] = np.partition(self._noise[fr], kk, axis=1)[:, kk]
+        for row in dr[~full]:  # the first seconds of a call: a shorter history
+            count = int(self._noise_i[row])
+            if count >= 8:
+                kk = int(round(pct * (count - 1)))
+                self._noise_db[row] = np.partition(self._noise[row, :count], kk)[kk]
 
-    def _update_lag(self) -> None:
+    def _update_lag(self, rows: np.ndarray) -> None:
         s = self.settings
-        if self._active_hops < s.min_lock_hops:
+        rows = rows[self._active_hops[rows] >= s.min_lock_hops]
+        if len(rows) == 0:
             return
-        n = np.maximum(self._sw, 1e-9)
-        mx = self._sx / n
-        my = self._sy / n
-        vx = self._sxx / n - mx * mx
-        vy = self._syy / n - my * my
-        cov = self._sxy / n - mx * my
-        ok = (self._sw >= s.min_lock_hops * 0.5) & (vx > 1e-6) & (vy > 1e-6)
-        if not ok.any():
+        sw, sx, sy, sxx, syy, sxy = np.moveaxis(self._sums[rows], 1, 0)
+        n = np.maximum(sw, 1e-9)
+        mx = sx / n
+        my = sy / n
+        vx = sxx / n - mx * mx
+        vy = syy / n - my * my
+        cov = sxy / n - mx * my
+        ok = (sw >= s.min_lock_hops * 0.5) & (vx > 1e-6) & (vy > 1e-6)
+        any_ok = ok.any(axis=1)
+        if not any_ok.any():
             return
+        rows, ok, cov, vx, vy = rows[any_ok], ok[any_ok], cov[any_ok], vx[any_ok], vy[any_ok]
         r = np.where(ok, cov / np.sqrt(np.maximum(vx * vy, 1e-12)), -1.0)
-        best = int(np.argmax(r))
-        self.lag_corr = float(r[best])
-        if self.lag_corr >= s.lock_corr:
-            if self.lag_hops is None:
-                # Start the aligned gain from the observed median so far: the pre-lock estimate.
-                self.erl_db = max(self._erl_max_db, 6.0)
-            self.lag_hops = best
-        elif self.lag_corr < s.lock_corr * 0.6:
-            self.lag_hops = None
+        best = np.argmax(r, axis=1)
+        corr = r[np.arange(len(rows)), best]
+        self._lag_corr[rows] = corr
+        lag = self._lag[rows]
+        lock = corr >= s.lock_corr
+        # Start the aligned gain from the observed median so far: the pre-lock estimate.
+        newly = lock & (lag < 0)
+        self._erl[rows[newly]] = np.maximum(self._erl_max[rows[newly]], 6.0)
+        lag = np.where(lock, best, np.where(corr < s.lock_corr * 0.6, -1, lag))
+        self._lag[rows] = lag
+
+
+class EchoGate:
+    """One call's echo and noise gate on the inbound track (a bank of one). Not thread-safe."""
+
+    def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = 8000) -> None:
+        self._bank = EchoGateBank(settings, sample_rate=sample_rate)
+        self._row = self._bank.open_row()
+        self._rows = np.array([self._row], dtype=np.intp)
+
+    @property
+    def settings(self) -> EchoGateSettings:
+        return self._bank.settings
+
+    @property
+    def lag_hops(self) -> int | None:
+        return self._bank.lag_hops(self._row)
+
+    @property
+    def lag_corr(self) -> float:
+        return self._bank.lag_corr(self._row)
+
+    @property
+    def erl_db(self) -> float:
+        return self._bank.erl_db(self._row)
+
+    @property
+    def noise_db(self) -> float:
+        return self._bank.noise_db(self._row)
+
+    def add_reference(self, start_sample: int, samples: np.ndarray) -> None:
+        """Record bot audio that plays from inbound sample ``start_sample`` on."""
+        self._bank.add_reference(self._row, start_sample, samples)
+
+    def clear_reference_from(self, sample: int) -> None:
+        """The bot's audio from ``sample`` on was cancelled (a Twilio ``clear``)."""
+        self._bank.clear_reference_from(self._row, sample)
+
+    def process(self, samples: np.ndarray, *, adapt: bool = True) -> GateReading:
+        """Feed one VAD window of inbound audio (a multiple of the 64-sample hop, at most 64
+        hops) and read the gates. ``adapt=False`` while the caller is known to be talking."""
+        x = np.asarray(samples, dtype=np.float64)[None, :]
+        return self._bank.process(self._rows, x, np.array([adapt]))[0]

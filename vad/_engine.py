@@ -52,6 +52,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from ._echo import EchoGateBank, EchoGateSettings, GateReading
+from ._features import WindowFeatures, features_batch
 from ._silero import (
     CONTEXT_SAMPLES,
     INPUT_SAMPLES,
@@ -79,6 +81,8 @@ __all__ = [
 
 _INITIAL_SLOTS: Final = 16
 _INITIAL_BUFFER: Final = 2048
+_TAIL: Final = 128  # samples of the previous window the voicing feature looks back over
+_NO_FEATURES: Final = WindowFeatures(voicing=0.0, dtmf=0.0)
 
 
 class EngineError(VadError):
@@ -106,11 +110,18 @@ class WindowResult:
         end_sample: Absolute index, in the stream, of the sample just after the window:
             ``256 * (index + 1)``. At 8 kHz it is ``end_sample / 8`` ms of audio.
         prob: Silero's speech probability in [0, 1].
+        gate: The echo and noise gate's reading of the window, for a stream opened with
+            ``echo`` settings (else None).
+        features: Voicing and DTMF-likeness of the window, computed only where the gate
+            passes (elsewhere zeros: the policy reads them only for windows that pass); None
+            without a gate.
     """
 
     index: int
     end_sample: int
     prob: float
+    gate: GateReading | None = None
+    features: WindowFeatures | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +191,8 @@ class VadEngine:
         # Slot table: row s of _state/_context belongs to the stream holding slot s.
         self._state = np.zeros((2, _INITIAL_SLOTS, STATE_SIZE), dtype=np.float32)
         self._context = np.zeros((_INITIAL_SLOTS, CONTEXT_SAMPLES), dtype=np.float32)
+        self._tail = np.zeros((_INITIAL_SLOTS, _TAIL), dtype=np.float32)
+        self._banks: dict[EchoGateSettings, EchoGateBank] = {}
         self._free_slots: list[int] = list(range(_INITIAL_SLOTS - 1, -1, -1))
         self._streams: set[VadStream] = set()
         # Streams with at least one window not yet run, in the order they became ready.
@@ -271,8 +284,13 @@ class VadEngine:
             f"max_wait_ms={self.max_wait_ms} streams={len(self._streams)}>"
         )
 
-    def open_stream(self) -> VadStream:
+    def open_stream(self, *, echo: EchoGateSettings | None = None) -> VadStream:
         """Open a stream for one call, starting from zero state and context.
+
+        With ``echo`` settings the stream also carries the call's echo and noise gate (a row of
+        the engine's :class:`~vad._echo.EchoGateBank` for those settings): give it the bot's
+        audio with :meth:`VadStream.add_reference`, and every window's result comes with the
+        gate's reading and the window's features, computed for the whole batch at once.
 
         Raises:
             EngineNotStarted: :meth:`start` has not run.
@@ -284,7 +302,13 @@ class VadEngine:
             raise EngineClosed("the VadEngine is closed")
         if not self._free_slots:
             self._grow()
-        stream = VadStream(self, self._free_slots.pop())
+        bank, row = None, -1
+        if echo is not None:
+            bank = self._banks.get(echo)
+            if bank is None:
+                bank = self._banks[echo] = EchoGateBank(echo)
+            row = bank.open_row()
+        stream = VadStream(self, self._free_slots.pop(), bank, row)
         self._streams.add(stream)
         return stream
 
@@ -296,12 +320,15 @@ class VadEngine:
         state[:, :old] = self._state
         context = np.zeros((new, CONTEXT_SAMPLES), dtype=np.float32)
         context[:old] = self._context
-        self._state, self._context = state, context
+        tail = np.zeros((new, _TAIL), dtype=np.float32)
+        tail[:old] = self._tail
+        self._state, self._context, self._tail = state, context, tail
         self._free_slots.extend(range(new - 1, old - 1, -1))
 
     def _zero_slot(self, slot: int) -> None:
         self._state[:, slot] = 0.0
         self._context[slot] = 0.0
+        self._tail[slot] = 0.0
 
     def _release(self, stream: VadStream) -> None:
         """Forget a closing stream; may release a batch that was waiting only for it."""
@@ -309,6 +336,8 @@ class VadEngine:
         self._ready.pop(stream, None)
         self._zero_slot(stream._slot)
         self._free_slots.append(stream._slot)
+        if stream._bank is not None:
+            stream._bank.close_row(stream._gate_row)
         if self._lifecycle is _EngineState.RUNNING and self._ready:
             self._flush()
 
@@ -394,8 +423,44 @@ class VadEngine:
         self._context[slots] = x[:, -CONTEXT_SAMPLES:]
         self._batches += 1
         self._windows += n
-        for stream, prob in zip(batch, probs.tolist(), strict=True):
-            stream._deliver(prob)
+        gates, feats = self._hear(batch, slots, x)
+        for stream, prob, gate, feat in zip(batch, probs.tolist(), gates, feats, strict=True):
+            stream._deliver(prob, gate, feat)
+
+    def _hear(self, batch: list[VadStream], slots: npt.NDArray[np.intp], x: npt.NDArray[np.float32]
+              ) -> tuple[list[GateReading | None], list[WindowFeatures | None]]:
+        """Echo/noise gates and features of the batch's gated streams, a bank at a time."""
+        n = len(batch)
+        gates: list[GateReading | None] = [None] * n
+        feats: list[WindowFeatures | None] = [None] * n
+        if not self._banks:
+            return gates, feats
+        by_bank: dict[EchoGateBank, list[int]] = {}
+        for i, stream in enumerate(batch):
+            if stream._bank is not None:
+                by_bank.setdefault(stream._bank, []).append(i)
+        if not by_bank:
+            return gates, feats
+        windows = x[:, CONTEXT_SAMPLES:]
+        passing: list[int] = []
+        for bank, idx in by_bank.items():
+            members = [batch[i] for i in idx]
+            rows = np.fromiter((s._gate_row for s in members), dtype=np.intp, count=len(idx))
+            adapt = np.fromiter((s.gate_adapt for s in members), dtype=np.bool_, count=len(idx))
+            sel = np.asarray(idx, dtype=np.intp) if len(idx) < n else slice(None)
+            for i, reading in zip(idx, bank.process(rows, windows[sel], adapt), strict=True):
+                gates[i] = reading
+                feats[i] = _NO_FEATURES
+                if reading.passes:
+                    passing.append(i)
+        # Features matter only for windows that pass the gate (see BargeInPolicy.is_caller):
+        # skipping the rest saves most of their cost on a quiet or echo-only line.
+        if passing:
+            p = np.asarray(passing, dtype=np.intp)
+            for i, f in zip(passing, features_batch(windows[p], self._tail[slots[p]]), strict=True):
+                feats[i] = f
+        self._tail[slots] = windows[:, -_TAIL:]
+        return gates, feats
 
 
 class VadStream:
@@ -408,11 +473,13 @@ class VadStream:
 
     __slots__ = (
         "__weakref__",
+        "_bank",
         "_buf",
         "_claimed",
         "_closed_error",
         "_done",
         "_engine",
+        "_gate_row",
         "_lifecycle",
         "_push_times",
         "_rd",
@@ -422,11 +489,18 @@ class VadStream:
         "_total",
         "_waiters",
         "_wr",
+        "gate_adapt",
     )
 
-    def __init__(self, engine: VadEngine, slot: int) -> None:
+    def __init__(self, engine: VadEngine, slot: int, bank: EchoGateBank | None = None,
+                 gate_row: int = -1) -> None:
         self._engine = engine
         self._slot = slot
+        self._bank = bank
+        self._gate_row = gate_row
+        self.gate_adapt = True
+        """Whether the gate may learn from the next windows (echo gain, noise floor): set it
+        False while the caller is known to be talking, so their voice is not learnt as echo."""
         self._lifecycle = _StreamState.OPEN
         self._closed_error: StreamClosed | None = None
         # Samples not yet run: _buf[_rd:_wr]; _total counts every sample pushed.
@@ -436,7 +510,8 @@ class VadStream:
         self._total = 0
         self._done = 0  # windows run so far
         self._claimed = 0  # windows promised to a process()/process_now() call
-        self._results: list[float] = []  # probabilities of windows _res_base, _res_base + 1, ...
+        # (prob, gate, features) of windows _res_base, _res_base + 1, ...
+        self._results: list[tuple[float, GateReading | None, WindowFeatures | None]] = []
         self._res_base = 0
         self._waiters: deque[tuple[int, int, asyncio.Future[list[WindowResult]]]] = deque()
         # (window count after a push, loop time of that push): when the oldest pending window came.
@@ -520,6 +595,22 @@ class VadStream:
         self._claimed = target
         return self._collect(start, target)
 
+    @property
+    def has_gate(self) -> bool:
+        """Whether the stream carries an echo/noise gate (opened with ``echo`` settings)."""
+        return self._bank is not None
+
+    def add_reference(self, start_sample: int, samples: npt.NDArray[np.floating]) -> None:
+        """The bot's audio that plays on this call's line from inbound sample ``start_sample``
+        on (the echo gate predicts its echo from it). Ignored on a closed or gate-less stream."""
+        if self._bank is not None and self._lifecycle is _StreamState.OPEN:
+            self._bank.add_reference(self._gate_row, start_sample, samples)
+
+    def clear_reference_from(self, sample: int) -> None:
+        """The bot's audio from inbound sample ``sample`` on was cancelled (a Twilio ``clear``)."""
+        if self._bank is not None and self._lifecycle is _StreamState.OPEN:
+            self._bank.clear_reference_from(self._gate_row, sample)
+
     def reset(self) -> None:
         """Zero the recurrent state and context, as for a new call.
 
@@ -602,9 +693,10 @@ class VadStream:
     def _pending_since(self) -> float:
         return self._push_times[0][1]
 
-    def _deliver(self, prob: float) -> None:
+    def _deliver(self, prob: float, gate: GateReading | None = None,
+                 features: WindowFeatures | None = None) -> None:
         """The next window was run; record it and wake the ``process`` calls it completes."""
-        self._results.append(prob)
+        self._results.append((prob, gate, features))
         done = self._done = self._done + 1
         times = self._push_times
         while times and times[0][0] <= done:
@@ -618,10 +710,11 @@ class VadStream:
 
     def _collect(self, start: int, target: int) -> list[WindowResult]:
         base = self._res_base
-        probs = self._results[start - base : target - base]
+        got = self._results[start - base : target - base]
         del self._results[: target - base]
         self._res_base = target
-        return [WindowResult(k, (k + 1) * WINDOW_SAMPLES, p) for k, p in enumerate(probs, start)]
+        return [WindowResult(k, (k + 1) * WINDOW_SAMPLES, p, g, f)
+                for k, (p, g, f) in enumerate(got, start)]
 
     def _close(self, error: StreamClosed, cause: BaseException | None = None) -> None:
         if self._lifecycle is _StreamState.CLOSED:

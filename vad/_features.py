@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WindowFeatures", "window_features"]
+__all__ = ["WindowFeatures", "features_batch", "window_features"]
 
 _N = 256
 _RATE = 8000
@@ -49,20 +49,36 @@ def window_features(window: np.ndarray, previous: np.ndarray | None = None) -> W
     """Features of one 256-sample window; ``previous`` (up to 128 earlier samples) lengthens the
     autocorrelation so low voices are caught."""
     w = np.asarray(window, dtype=np.float64)
-    x = w if previous is None or len(previous) == 0 else np.concatenate([previous, w])
-    x = x - x.mean()
-    n = len(x)
-    spec = np.fft.rfft(x, 2 * n)
-    ac = np.fft.irfft(spec.real**2 + spec.imag**2)[:n]
-    voicing = 0.0
-    if ac[0] > 1e-9 and n > _MAX_LAG:
+    prev = np.zeros(0) if previous is None else np.asarray(previous, dtype=np.float64)
+    return features_batch(w[None, :], prev[None, :])[0]
+
+
+def features_batch(windows: np.ndarray, previous: np.ndarray) -> list[WindowFeatures]:
+    """:func:`window_features` of many windows at once (rows of ``windows``, each with the row
+    of ``previous`` before it): the same arithmetic as numpy operations over the whole batch, so
+    the cost per window falls with the batch (the gateway scores a VAD batch in one call)."""
+    w = np.asarray(windows, dtype=np.float64)
+    prev = np.asarray(previous, dtype=np.float64)
+    b = w.shape[0]
+    if b == 0:
+        return []
+    x = np.concatenate([prev, w], axis=1) if prev.shape[1] else w
+    x = x - x.mean(axis=1, keepdims=True)
+    n = x.shape[1]
+    spec = np.fft.rfft(x, 2 * n, axis=1)
+    ac = np.fft.irfft(spec.real**2 + spec.imag**2, axis=1)[:, :n]
+    voicing = np.zeros(b)
+    if n > _MAX_LAG:
         lags = np.arange(_MIN_LAG, _MAX_LAG + 1)
-        voicing = float(np.max(ac[lags] / ac[0] * (n / (n - lags))))
-    p = np.abs(np.fft.rfft(w[:_N] * _HANN[: len(w[:_N])], _N)) ** 2
-    total = float(p.sum())
-    dtmf = 0.0
-    if total > 1e-12:
-        lo = max(float(p[b].sum()) for b in _LOW_BINS)
-        hi = max(float(p[b].sum()) for b in _HIGH_BINS)
-        dtmf = (lo + hi) / total
-    return WindowFeatures(min(voicing, 1.0), dtmf)
+        ok = ac[:, 0] > 1e-9
+        if ok.any():
+            a0 = ac[ok, :1]
+            voicing[ok] = np.max(ac[ok][:, lags] / a0 * (n / (n - lags)), axis=1)
+    m = min(w.shape[1], _N)
+    p = np.abs(np.fft.rfft(w[:, :m] * _HANN[:m], _N, axis=1)) ** 2
+    total = p.sum(axis=1)
+    lo = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _LOW_BINS]), axis=0)
+    hi = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _HIGH_BINS]), axis=0)
+    dtmf = np.where(total > 1e-12, (lo + hi) / np.maximum(total, 1e-300), 0.0)
+    return [WindowFeatures(v, d) for v, d in zip(np.minimum(voicing, 1.0).tolist(), dtmf.tolist(),
+                                                 strict=True)]
