@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -497,6 +498,11 @@ async def _serve_until_drained(app: web.Application, host: str, port: int, drain
     gateway = app[GATEWAY_KEY]
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
+    # Everything loaded so far (torch, the model, aiohttp, config) lives as long as the process:
+    # keep it out of the collector's full passes, which otherwise walk those ~10^5 objects and
+    # stall every call's frames for 15-150 ms at a time (bench/load.py).
+    gc.collect()
+    gc.freeze()
     site = web.TCPSite(runner, host, port)
     await site.start()
     log.info("callgate gateway on http://%s:%d (bus: %s, worker: %s)", host, port, bus_kind,
