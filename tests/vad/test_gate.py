@@ -1,0 +1,203 @@
+"""The echo/noise gate and window features, batched across calls: a row of a shared bank reads
+exactly what the call's own gate would, whatever the other rows do."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from vad import EchoGate, EchoGateBank, EchoGateSettings, GateReading, VadEngine
+from vad._features import features_batch, window_features
+from vad._silero import load_runtime
+
+from . import RECORDINGS, caller_recordings, recording
+
+WINDOW = 256
+CHUNK = 320  # 40 ms of bot audio per outbound media message, as the gateway sends
+LEAD = 1920  # the gateway sends bot audio up to 240 ms ahead of the inbound clock
+
+
+def _bot(name: str) -> np.ndarray:
+    return ulaw_to_float32(read_wav_ulaw(RECORDINGS / f"{name}.bot.wav"))
+
+
+def _fields(r: GateReading) -> tuple[float, float, float, bool, bool]:
+    return (round(r.level_db, 9), round(r.echo_db, 9), round(r.noise_db, 9), r.echo_locked,
+            r.passes)
+
+
+class _Call:
+    """One recording driven as the gateway drives a gate: reference ahead, inbound windows."""
+
+    def __init__(self, name: str, bank: EchoGateBank) -> None:
+        self.name = name
+        self.inbound = recording(name)
+        self.bot = _bot(name)
+        self.alone = EchoGate()
+        self.bank = bank
+        self.row = bank.open_row()
+        self.sent = 0
+        self.windows = len(self.inbound) // WINDOW
+
+    def send_ahead(self, now: int) -> None:
+        while self.sent < len(self.bot) and self.sent < now + LEAD:
+            chunk = self.bot[self.sent : self.sent + CHUNK]
+            self.alone.add_reference(self.sent, chunk)
+            self.bank.add_reference(self.row, self.sent, chunk)
+            self.sent += CHUNK
+
+    def clear(self, now: int) -> None:
+        self.alone.clear_reference_from(now)
+        self.bank.clear_reference_from(self.row, now)
+        self.sent = len(self.bot)  # like a barge-in: nothing more of this utterance
+
+
+def test_bank_rows_read_what_each_call_alone_reads() -> None:
+    rng = random.Random(7)
+    bank = EchoGateBank()
+    calls = [_Call(name, bank) for name in caller_recordings()]
+    assert len(calls) >= 20
+    clear_at = {c.name: rng.randrange(c.windows) for c in calls if rng.random() < 0.3}
+    compared = 0
+    for w in range(max(c.windows for c in calls)):
+        live = [c for c in calls if w < c.windows]
+        rng.shuffle(live)  # rows in any order, any subset of the bank
+        adapt = [rng.random() > 0.2 for _ in live]
+        expected = []
+        for c, a in zip(live, adapt, strict=True):
+            now = (w + 1) * WINDOW
+            c.send_ahead(now)
+            if clear_at.get(c.name) == w:
+                c.clear(now)
+            expected.append(c.alone.process(c.inbound[w * WINDOW : now], adapt=a))
+        got = bank.process(np.array([c.row for c in live], dtype=np.intp),
+                           np.stack([c.inbound[w * WINDOW : (w + 1) * WINDOW] for c in live]),
+                           np.array(adapt))
+        assert [_fields(g) for g in got] == [_fields(e) for e in expected], f"window {w}"
+        compared += len(live)
+    assert compared > 5000
+    # The gate did its job on the way: the echo-only calls locked their echo delay.
+    locked = {c.name for c in calls if c.alone.lag_hops is not None}
+    assert {c.name for c in calls if c.name.startswith("echo_only")} <= locked
+    for c in calls:
+        assert bank.lag_hops(c.row) == c.alone.lag_hops
+        assert bank.erl_db(c.row) == pytest.approx(c.alone.erl_db, abs=1e-9)
+
+
+def _tone(n: int, level: float = 0.3) -> np.ndarray:
+    return (level * np.sin(2 * np.pi * 440 * np.arange(n) / 8000)).astype(np.float32)
+
+
+def test_reference_far_ahead_is_cut_and_clear_removes_what_is_queued() -> None:
+    silence = np.zeros(WINDOW, dtype=np.float32)
+    cleared, plain = EchoGate(), EchoGate()
+    cleared.add_reference(8000 * 10, _tone(8000))  # 10 s ahead: beyond the ring, ignored
+    cleared.add_reference(WINDOW * 2, _tone(WINDOW * 4))  # bot audio for windows 2-5 ...
+    plain.add_reference(WINDOW * 2, _tone(WINDOW * 2))  # ... of which only 2-3 will play
+    first = [(cleared.process(silence), plain.process(silence)) for _ in range(4)]
+    cleared.clear_reference_from(WINDOW * 4)  # a clear at the start of window 4
+    rest = [(cleared.process(silence), plain.process(silence)) for _ in range(400)]
+    assert all(_fields(a) == _fields(b) for a, b in first + rest)
+    assert first[0][0].echo_db == -100.0  # the bot is silent in window 0
+    assert first[2][0].echo_db > -40.0  # its tone is predicted as echo
+    assert rest[-1][0].echo_db == -100.0  # 10 s on: nothing left, the far tone included
+
+
+def test_late_reference_counts_for_hops_already_heard() -> None:
+    gate = EchoGate()
+    loud = _tone(WINDOW, 0.5)
+    quiet_reading = gate.process(loud)  # no reference yet: the caller, loud
+    assert quiet_reading.passes
+    gate.add_reference(0, _tone(WINDOW * 2, 0.9))  # the bot's audio for window 0 arrives late
+    reading = gate.process(loud)  # window 1: the late reference predicts echo for it
+    assert reading.echo_db > -30.0
+
+
+def test_features_batch_equals_one_window_at_a_time() -> None:
+    rng = np.random.default_rng(1)
+    audio = np.concatenate([recording(n)[:8000] for n in caller_recordings()[:6]])
+    windows = audio[: len(audio) // WINDOW * WINDOW].reshape(-1, WINDOW)
+    previous = np.vstack([np.zeros((1, 128), np.float32), windows[:-1, -128:]])
+    order = rng.permutation(len(windows))
+    batched = features_batch(windows[order], previous[order])
+    for i, f in zip(order, batched, strict=True):
+        assert f == window_features(windows[i], previous[i])
+    assert features_batch(np.zeros((0, WINDOW)), np.zeros((0, 128))) == []
+
+
+def test_features_tell_dtmf_and_voice() -> None:
+    t = np.arange(WINDOW) / 8000
+    key = (0.3 * np.sin(2 * np.pi * 770 * t) + 0.3 * np.sin(2 * np.pi * 1336 * t))  # "5"
+    pulses = np.zeros(WINDOW + 128)
+    pulses[::64] = 1.0  # a 125 Hz glottal-like pulse train
+    voiced = np.convolve(pulses, np.hanning(16), mode="same")
+    noise = np.random.default_rng(2).normal(0, 0.1, WINDOW + 128)
+    f_key, f_voice, f_noise = features_batch(
+        np.stack([key, voiced[128:], noise[128:]]),
+        np.stack([np.zeros(128), voiced[:128], noise[:128]]),
+    )
+    assert f_key.dtmf > 0.8 and f_voice.dtmf < 0.4
+    assert f_voice.voicing > 0.8 and f_noise.voicing < 0.55
+
+
+async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
+    """30 gated calls at once through one engine: every window's probability, gate reading
+    and features equal the same call's run alone, one window at a time."""
+    names = caller_recordings()
+    runtime = load_runtime("onnx")
+    frames = 160
+
+    async def run(group: list[str], together: bool) -> dict[int, list[tuple[object, ...]]]:
+        out: dict[int, list[tuple[object, ...]]] = {}
+        async with VadEngine(runtime=runtime, max_wait_ms=50.0) as engine:
+
+            async def one(i: int, name: str) -> None:
+                audio = recording(name)[: 8000 * 4]
+                bot = _bot(name)
+                stream = engine.open_stream(echo=EchoGateSettings())
+                plain = engine.open_stream() if i == 0 else None  # no gate: no reading
+                got = []
+                sent = 0
+                for k in range(0, len(audio) - frames + 1, frames):
+                    while sent < len(bot) and sent < k + frames + LEAD:
+                        stream.add_reference(sent, bot[sent : sent + CHUNK])
+                        sent += CHUNK
+                    stream.gate_adapt = (k // frames) % 7 != 3
+                    chunk = audio[k : k + frames]
+                    results = (await stream.process(chunk) if together
+                               else stream.process_now(chunk))
+                    if plain is not None:
+                        bare = plain.process_now(chunk)
+                        assert all(r.gate is None and r.features is None for r in bare)
+                    for r in results:
+                        assert r.gate is not None and r.features is not None
+                        if not r.gate.passes:
+                            assert r.features.voicing == 0.0 and r.features.dtmf == 0.0
+                        got.append((r.index, round(r.prob, 4), _fields(r.gate),
+                                    round(r.features.voicing, 9), round(r.features.dtmf, 9)))
+                stream.close()
+                if plain is not None:
+                    plain.close()
+                out[i] = got
+
+            if together:
+                await asyncio.gather(*(one(i, n) for i, n in enumerate(group)))
+            else:
+                for i, n in enumerate(group):
+                    await one(i, n)
+            if together:
+                assert engine.stats.windows / engine.stats.batches > 4  # really batched
+        return out
+
+    group = (names * 2)[:30]
+    together = await run(group, True)
+    alone = await run(group, False)
+    assert together.keys() == alone.keys() == set(range(30))
+    for i in together:
+        assert together[i] == alone[i], group[i]
+    assert sum(len(v) for v in together.values()) > 3000
+
