@@ -45,6 +45,7 @@ _FLOOR_DB = -100.0
 _UP, _DOWN = 0.25, 0.06  # dB per hop for the echo-gain median trackers
 _MAX_HOPS = 64  # hops one window may carry
 _RING = 512  # reference hops kept per row (4 s): the lag range behind, what was sent ahead
+_MASK = _RING - 1  # a power of two: ``h & _MASK`` is ``h % _RING``, negative hops included
 _INITIAL_ROWS = 16
 
 Floats = npt.NDArray[np.float64]
@@ -121,6 +122,7 @@ class EchoGateBank:
         self._lam = float(np.exp(-self._hop_s / s.forget_s))
         self._active_e = 10 ** (s.ref_active_dbfs / 10)
         self._lags = np.arange(self._nlag)
+        self._offsets: dict[int, npt.NDArray[np.int64]] = {}  # nh -> (nh, nlag) hop offsets
         self._nwin = max(8, int(s.noise_window_s / self._hop_s))
         self._free: list[int] = []
         self._rows = 0
@@ -228,14 +230,14 @@ class EchoGateBank:
             return
         parts = parts[lo - first : hi - first]
         ref = self._ref[row]
-        a, b = lo % _RING, hi % _RING
+        a, b = lo & _MASK, hi & _MASK
         if a < b:
             ref[a:b] += parts
         else:  # the span wraps around the ring's end
             ref[a:] += parts[: _RING - a]
             ref[:b] += parts[_RING - a :]
         if lo < hop:  # late audio for hops already passed: they count as active from now on
-            pos = np.arange(lo, hop) % _RING
+            pos = np.arange(lo, hop) & _MASK
             active = np.flatnonzero(ref[pos] > self._active_e)
             if len(active):
                 self._last_active[row] = max(int(self._last_active[row]), lo + int(active[-1]))
@@ -246,7 +248,7 @@ class EchoGateBank:
         h0 = max(-(-sample // HOP), hop)
         hi = hop + _RING - self._nlag - _MAX_HOPS
         if h0 < hi:
-            self._ref[row, np.arange(h0, hi) % _RING] = 0.0
+            self._ref[row, np.arange(h0, hi) & _MASK] = 0.0
 
     # -- the inbound track ------------------------------------------------------------------
     def process(self, rows: npt.NDArray[np.intp], windows: np.ndarray,
@@ -270,11 +272,13 @@ class EchoGateBank:
         e_in = (x[:, : nh * HOP].reshape(b, nh, HOP) ** 2).mean(axis=2)  # (b, nh)
         x_db = _db(e_in)
         h0 = self._hop[rows]  # (b,)
-        k = np.arange(nh)
+        offsets = self._offsets.get(nh)
+        if offsets is None:
+            offsets = self._offsets[nh] = np.arange(nh)[:, None] - self._lags[None, :]
         # refs[i, j, L]: reference energy of hop h0 + j - L of row i (flat ring indices).
-        base = rows * _RING
-        idx = (h0[:, None, None] + k[None, :, None] - self._lags[None, None, :]) % _RING
-        refs = self._ref.reshape(-1).take(idx + base[:, None, None])  # (b, nh, nlag)
+        idx = ((h0 & _MASK)[:, None, None] + offsets) & _MASK
+        idx += (rows * _RING)[:, None, None]
+        refs = self._ref.reshape(-1).take(idx)  # (b, nh, nlag)
         fresh = refs[:, :, 0]  # (b, nh): this window's own hops
         fresh_active = fresh.max(axis=1) > self._active_e  # (b,)
 
@@ -325,8 +329,7 @@ class EchoGateBank:
             self._adapt(rows, np.flatnonzero(adapt), x_db, pred_aligned, pred_max, locked)
         self._hop[rows] = h0 + nh
         # Hops now behind the lag range: zero them for the ring's next lap.
-        old = (h0[:, None] + k[None, :] - nlag + 1) % _RING
-        self._ref[rows[:, None], old] = 0.0
+        self._ref.reshape(-1)[idx[:, :, nlag - 1]] = 0.0
 
         level = _db(e_in.mean(axis=1))
         erl = np.where(locked, self._erl[rows], self._erl_max[rows])
@@ -354,17 +357,16 @@ class EchoGateBank:
         thr = self._active_e
         r = rows[sel]
         xd = x_db[sel]
-        with np.errstate(divide="ignore"):
-            pa = pred_aligned[sel]
-            m = (pa > thr) & locked[sel][:, None]
-            erl = self._erl[r]
-            up = (m & (_db(pa) - xd > erl[:, None])).sum(axis=1)
-            self._erl[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
-            pm = pred_max[sel]
-            m = pm > thr
-            erl = self._erl_max[r]
-            up = (m & (_db(pm) - xd > erl[:, None])).sum(axis=1)
-            self._erl_max[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
+        pa = pred_aligned[sel]
+        m = (pa > thr) & locked[sel][:, None]
+        erl = self._erl[r]
+        up = (m & (_db(pa) - xd > erl[:, None])).sum(axis=1)
+        self._erl[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
+        pm = pred_max[sel]
+        m = pm > thr
+        erl = self._erl_max[r]
+        up = (m & (_db(pm) - xd > erl[:, None])).sum(axis=1)
+        self._erl_max[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
         # Noise floor: a percentile of recent hops. Echo raises it, which only makes the gate
         # more careful while the bot talks.
         n = self._nwin
