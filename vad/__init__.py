@@ -2,7 +2,8 @@
 
 * ``_silero``: Silero VAD at 8 kHz, ONNX or TorchScript behind one interface.
 * ``_engine``: one engine per process; every call's windows batched into shared inferences.
-* ``_echo``: the per-call echo and noise gate (is the inbound louder than the bot's own echo?).
+* ``_echo``: every call's echo and noise gate (is the inbound louder than the bot's own echo?),
+  as rows of a bank the engine reads a batch at a time.
 * ``_features``: voicing and DTMF-likeness of a window.
 * ``_policy``: :class:`BargeInPolicy`, the one place where barge-in is decided.
 """
