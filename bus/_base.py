@@ -90,6 +90,12 @@ class BusMessage:
     redelivered: bool = False
 
 
+COUNTERS = ("outages", "reconnects", "calls_claimed", "orphans_claimed")
+"""Counters every bus keeps: ``outages`` (the server went away), ``reconnects`` (it came back),
+``calls_claimed`` (calls handed to this process's workers by ``claim_calls``) and
+``orphans_claimed`` (of those, calls taken over from a worker that stopped renewing its lease)."""
+
+
 class Bus(abc.ABC):
     """Interface shared by the embedded (in-process) bus and the Redis Streams bus.
 
@@ -108,6 +114,12 @@ class Bus(abc.ABC):
         """This instance's name: the prefix of the eids it assigns."""
         check_name(self.bus_id, "bus_id")
         self._eid_seq = itertools.count(1)
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        """Totals since this bus was made (see ``COUNTERS``), exported as metrics."""
+
+    def stats(self) -> dict[str, float]:
+        """What ops watch: the ``counters`` plus gauges of the implementation's own."""
+        return dict(self.counters)
 
     async def __aenter__(self) -> Bus:
         await self.start()

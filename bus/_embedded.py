@@ -55,7 +55,7 @@ class _Call:
 
     __slots__ = (
         "info", "up", "delivered", "pending", "down", "ctx", "through",
-        "owner", "owner_bus", "closed", "announced", "signal",
+        "owner", "owner_bus", "closed", "announced", "signal", "orphaned",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -71,6 +71,7 @@ class _Call:
         self.closed = False
         self.announced = False
         self.signal = _Signal()
+        self.orphaned = False  # its worker's bus closed with the call open: up for takeover
 
 
 def _msg_id(index: int) -> str:
@@ -173,6 +174,7 @@ class EmbeddedBus(Bus):
                 call.owner = None
                 call.owner_bus = None
                 if not call.closed:
+                    call.orphaned = True
                     hub.orphans.append(call_sid)
             call.signal.notify()
         hub.claim_signal.notify()
@@ -253,9 +255,13 @@ class EmbeddedBus(Bus):
                 await hub.claim_signal.wait()
                 continue
             call = hub.calls[call_sid]
+            if call.orphaned:
+                self.counters["orphans_claimed"] += 1
+                call.orphaned = False
             call.owner = worker_id
             call.owner_bus = self
             assert call.info is not None
+            self.counters["calls_claimed"] += 1
             yield call.info
 
     def _next_claimable(self, hub: EmbeddedHub) -> str | None:

@@ -197,6 +197,7 @@ class _Outage:
         if self.since is not None:
             return
         self.since = time.monotonic()
+        self._bus.counters["outages"] += 1
         buf = self._bus._buf
         log.warning(
             "bus %s: lost Redis at %s (%s: %s); buffering writes in order (%d pending, "
@@ -216,6 +217,7 @@ class _Outage:
             self._bus.bus_id, self._bus._where, time.monotonic() - self.since, buf.dropped_total,
         )  # fmt: skip
         self.since = None
+        self._bus.counters["reconnects"] += 1
 
 
 class RedisBus(Bus):
@@ -321,6 +323,15 @@ class RedisBus(Bus):
         self._closed_calls: dict[str, None] = {}  # calls this bus closed (bounded, newest last)
         self._where = url.split("@")[-1]  # never log credentials
         self._host = socket.gethostname()
+
+    def stats(self) -> dict[str, float]:
+        """The counters, plus: writes waiting for the server (``buffered_writes``), writes
+        dropped on buffer overflow so far (``writes_dropped``), 1 while the server is away
+        (``redis_down``) and the calls this bus's workers own (``calls_owned``)."""
+        return {**self.counters, "buffered_writes": len(self._buf),
+                "writes_dropped": self._buf.dropped_total,
+                "redis_down": 0 if self._outage.since is None else 1,
+                "calls_owned": len(self._owned)}
 
     # -- keys -----------------------------------------------------------------------------
     def _key(self, call_sid: str, part: str) -> str:
@@ -681,6 +692,7 @@ class RedisBus(Bus):
             while True:
                 self._check_open()
                 while taken:
+                    self.counters["calls_claimed"] += 1
                     yield taken.pop(0)
                 try:
                     if unread:
@@ -786,6 +798,7 @@ class RedisBus(Bus):
         if code in (1, 2):
             self._owned[sid] = _Owned(sid, worker_id, info, {entry_id})
             if orphan:
+                self.counters["orphans_claimed"] += 1
                 log.warning("bus %s: worker %s took over call %s (its worker stopped renewing)",
                             self.bus_id, worker_id, sid)  # fmt: skip
             return info

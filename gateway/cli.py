@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis", required=True)
     w.add_argument("--config", type=Path, default=None)
     w.add_argument("--worker-id", default=None)
+    w.add_argument("--metrics-port", type=int, default=None,
+                   help="serve GET /metrics and /healthz on this port (call claims, Redis "
+                        "reconnects, buffered writes)")
+    w.add_argument("--metrics-host", default="0.0.0.0")
     w.set_defaults(fn=_worker)
 
     r = sub.add_parser("replay", help="replay a recorded call through the gateway")

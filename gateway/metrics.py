@@ -14,11 +14,35 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+__all__ = ["BUS_COUNTERS", "CONTENT_TYPE", "GatewayMetrics", "WorkerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.0)
+
+
+BUS_COUNTERS = {
+    "outages": "Times the bus lost its server (Redis)",
+    "reconnects": "Times the bus got its server back after an outage",
+    "calls_claimed": "Calls this process's workers claimed from the bus",
+    "orphans_claimed": "Calls taken over from a worker that stopped renewing its lease",
+}
+
+
+def _bus_families(stats: dict[str, float]) -> Iterable[Any]:
+    for name, value in stats.items():
+        if name in BUS_COUNTERS:
+            yield CounterMetricFamily(f"callgate_bus_{name}", BUS_COUNTERS[name], value=value)
+        else:
+            yield GaugeMetricFamily(f"callgate_bus_{name}", f"Bus figure {name}", value=value)
+
+
+class _BusCollector(Collector):
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Any]:
+        yield from _bus_families(self._read())
 
 
 class _Callbacks(Collector):
@@ -38,8 +62,7 @@ class _Callbacks(Collector):
                                   value=s["vad_windows"])
         yield GaugeMetricFamily("callgate_vad_mean_batch_size", "VAD windows per inference",
                                 value=s["vad_windows"] / s["vad_batches"] if s["vad_batches"] else 0)
-        for name, value in s.get("bus", {}).items():
-            yield GaugeMetricFamily(f"callgate_bus_{name}", f"Bus figure {name}", value=value)
+        yield from _bus_families(s.get("bus", {}))
 
 
 class GatewayMetrics:
@@ -101,6 +124,18 @@ class GatewayMetrics:
             self.resumes.inc()
         elif kind == "call_started":
             self.calls.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class WorkerMetrics:
+    """A session-worker process's metrics (``callgate worker --metrics-port``): its bus's
+    figures, call claims and Redis reconnects among them."""
+
+    def __init__(self, read_bus: Callable[[], dict[str, float]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_BusCollector(read_bus))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

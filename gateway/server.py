@@ -40,7 +40,7 @@ from vad import VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
-from .metrics import CONTENT_TYPE, GatewayMetrics
+from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
 from .security import CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
@@ -141,6 +141,7 @@ class GatewayApp:
             "draining": self.draining,
             "vad_batches": stats.batches if stats else 0,
             "vad_windows": stats.windows if stats else 0,
+            "bus": self.bus.stats(),
         }
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
@@ -546,7 +547,35 @@ def run_worker(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         holder.install_sighup(loop)
         async with bus:
-            await run(holder, bus, worker_id=args.worker_id, stop=stop)
+            runner = None
+            port = getattr(args, "metrics_port", None)
+            if port is not None:
+                runner = await _serve_worker_metrics(bus, args.metrics_host, port)
+            try:
+                await run(holder, bus, worker_id=args.worker_id, stop=stop)
+            finally:
+                if runner is not None:
+                    await runner.cleanup()
 
     asyncio.run(main())
     return 0
+
+
+async def _serve_worker_metrics(bus: Bus, host: str, port: int) -> web.AppRunner:
+    """``GET /metrics`` (the bus's figures: call claims, Redis outages and reconnects, buffered
+    writes) and ``GET /healthz`` for a worker process."""
+    metrics = WorkerMetrics(bus.stats)
+
+    async def render(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "bus": bus.bus_id})
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", render), web.get("/healthz", healthz)])
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("worker metrics on http://%s:%d/metrics", host, port)
+    return runner

@@ -123,6 +123,10 @@ async def test_unacked_messages_go_to_the_next_owner(make_bus: Any) -> None:
     assert [m.event["n"] for m in got] == [1, 2, 3]
     assert [m.redelivered for m in got] == [True, True, False]
     assert [m.id for m in got[:2]] == [m.id for m in first[1:]]
+    assert w1.stats()["calls_claimed"] == 1 and w1.stats()["orphans_claimed"] == 0
+    assert w2.stats()["calls_claimed"] == 1
+    assert w2.stats()["orphans_claimed"] == 1  # its owner went away: taken over
+    assert gw.stats()["calls_claimed"] == 0
 
 
 async def test_context_through_skips_what_it_covers(make_bus: Any) -> None:

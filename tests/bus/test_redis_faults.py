@@ -218,6 +218,12 @@ async def test_redis_restart_mid_call(
         back = [r for r in caplog.records if f"bus {name}: Redis at" in r.getMessage() and "is back" in r.getMessage()]
         assert len(lost) == len(back) >= 1, (name, [r.getMessage() for r in caplog.records])
         assert len(lost) <= 2, [r.getMessage() for r in lost]
+    # The same outages, counted for /metrics: one reconnect per outage, none still open.
+    for bus in (gw, wk):
+        stats = bus.stats()
+        assert stats["outages"] == stats["reconnects"] >= 1
+        assert stats["redis_down"] == 0 and stats["buffered_writes"] == 0
+    assert wk.stats()["calls_claimed"] == 1 and gw.stats()["calls_claimed"] == 0
 
 
 @pytest.mark.redis
@@ -338,6 +344,8 @@ async def test_live_worker_keeps_its_call_past_the_lease(redis_server: RedisServ
             w1._heartbeat.cancel()
             t1.cancel()
             await eventually(lambda: claimed["w2"] == ["CA1"], 5, "takeover after the lease")
+            assert w2.stats()["calls_claimed"] == w2.stats()["orphans_claimed"] == 1
+            assert w1.stats()["calls_claimed"] == 1 and w1.stats()["orphans_claimed"] == 0
             for task in (t1, t2):
                 task.cancel()
             await asyncio.gather(t1, t2, return_exceptions=True)

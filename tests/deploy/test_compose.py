@@ -88,11 +88,15 @@ def test_gateway(compose: dict[str, Any]) -> None:
     assert gw["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
-def test_two_workers_without_http_healthcheck(compose: dict[str, Any]) -> None:
+def test_two_workers_with_metrics_and_healthcheck(compose: dict[str, Any]) -> None:
+    from gateway.cli import build_parser
+
     worker = compose["services"]["worker"]
-    assert worker["command"] == ["worker", "--redis", REDIS_URL]
+    assert worker["command"] == ["worker", "--redis", REDIS_URL, "--metrics-port", "9090"]
+    args = build_parser().parse_args(worker["command"])  # the CLI takes exactly this
+    assert args.metrics_port == 9090 and args.redis == REDIS_URL
     assert worker["deploy"]["replicas"] == 2
-    assert worker["healthcheck"] == {"disable": True}
+    assert "http://127.0.0.1:9090/healthz" in " ".join(worker["healthcheck"]["test"])
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
 
 

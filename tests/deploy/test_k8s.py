@@ -186,7 +186,10 @@ def test_gateway_and_worker_commands() -> None:
     gw = _container(k8s_object("Deployment", "callgate-gateway"))
     worker = _container(k8s_object("Deployment", "callgate-worker"))
     assert gw["args"] == ["serve", "--redis", "$(CALLGATE_REDIS_URL)", "--no-worker"]
-    assert worker["args"] == ["worker", "--redis", "$(CALLGATE_REDIS_URL)"]
+    assert worker["args"] == ["worker", "--redis", "$(CALLGATE_REDIS_URL)", "--metrics-port",
+                              "9090"]
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in worker["ports"]
     assert "command" not in gw and "command" not in worker, "the image's ENTRYPOINT is callgate"
     env = k8s_object("ConfigMap", "callgate-env")["data"]
     assert env["CALLGATE_REDIS_URL"].startswith("redis://callgate-redis:6379/")

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from bus import EmbeddedBus
+from bus import CallInfo, EmbeddedBus
 from gateway.client import play_call
 from gateway.server import GatewaySettings, build_app
 from tests import recordings_index as rec
@@ -64,3 +64,33 @@ async def test_metrics_count_the_barge_in() -> None:
     assert 0 < total < 0.5  # the policy's own onset estimate: ~2-3 windows before the clear
     assert _value(during, "callgate_frames_total") > 100
     assert _value(during, "callgate_calls_total") == 1
+    # The bus's figures are there too (this gateway's bus claims no calls: a worker does).
+    assert _value(during, "callgate_bus_calls_claimed_total") == 0
+    assert _value(during, "callgate_bus_reconnects_total") == 0
+
+
+async def test_worker_metrics_show_its_claims() -> None:
+    """``callgate worker --metrics-port``: the worker's bus figures at GET /metrics."""
+    import socket
+
+    from gateway.server import _serve_worker_metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with EmbeddedBus() as gw, EmbeddedBus() as worker:
+        runner = await _serve_worker_metrics(worker, "127.0.0.1", port)
+        try:
+            await gw.open_call(CallInfo("CA1"))
+            claims = worker.claim_calls("w1")
+            assert (await asyncio.wait_for(anext(claims), 10)).call_sid == "CA1"
+            async with aiohttp.ClientSession() as http:
+                text = await (await http.get(f"http://127.0.0.1:{port}/metrics")).text()
+                health = await (await http.get(f"http://127.0.0.1:{port}/healthz")).json()
+            await claims.aclose()  # type: ignore[attr-defined]
+        finally:
+            await runner.cleanup()
+    assert _value(text, "callgate_bus_calls_claimed_total") == 1
+    assert _value(text, "callgate_bus_orphans_claimed_total") == 0
+    assert _value(text, "callgate_bus_outages_total") == 0
+    assert health == {"status": "ok", "bus": worker.bus_id}
