@@ -94,3 +94,29 @@ async def test_worker_metrics_show_its_claims() -> None:
     assert _value(text, "callgate_bus_orphans_claimed_total") == 0
     assert _value(text, "callgate_bus_outages_total") == 0
     assert health == {"status": "ok", "bus": worker.bus_id}
+
+
+def test_frame_histogram_reads_like_prometheus_clients() -> None:
+    """The lock-free per-frame histogram renders exactly what prometheus_client's would."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from gateway.metrics import FrameHistogram
+
+    bounds = (0.001, 0.005, 0.02, 0.1)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    fast = FrameHistogram("lag_seconds", "doc", bounds)
+    ours.register(fast)
+    ref = Histogram("lag_seconds", "doc", buckets=bounds, registry=theirs)
+    rng = random.Random(5)
+    for v in [*bounds, 0.0, 5.0, *(rng.expovariate(50) for _ in range(500))]:
+        fast.observe(v)
+        ref.observe(v)
+
+    def samples(reg: CollectorRegistry) -> list[str]:
+        return sorted(line for line in generate_latest(reg).decode().splitlines()
+                      if line.startswith("lag_seconds_") and "_created" not in line)
+
+    assert samples(ours) == samples(theirs)
+    assert any('le="+Inf"} 506.0' in line for line in samples(ours))
