@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
