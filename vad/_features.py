@@ -65,8 +65,11 @@ def features_batch(windows: np.ndarray, previous: np.ndarray) -> list[WindowFeat
     x = np.concatenate([prev, w], axis=1) if prev.shape[1] else w
     x = x - x.mean(axis=1, keepdims=True)
     n = x.shape[1]
-    spec = np.fft.rfft(x, 2 * n, axis=1)
-    ac = np.fft.irfft(spec.real**2 + spec.imag**2, axis=1)[:, :n]
+    # Lags up to _MAX_LAG only: a transform of n + _MAX_LAG points has no circular wrap there
+    # (512 for the usual 384 samples, a power of two).
+    nfft = 1 << (n + _MAX_LAG - 1).bit_length()
+    spec = np.fft.rfft(x, nfft, axis=1)
+    ac = np.fft.irfft(spec.real**2 + spec.imag**2, nfft, axis=1)[:, :n]
     voicing = np.zeros(b)
     if n > _MAX_LAG:
         lags = np.arange(_MIN_LAG, _MAX_LAG + 1)
