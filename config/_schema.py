@@ -271,6 +271,10 @@ class BargeInConfig(_Model):
     """How far above the bot's own echo the caller must be to count."""
     noise_margin_db: float = Field(6.0, ge=0)
     """How far above the line's noise floor the caller must be to count."""
+    band_snr_db: float = Field(10.0, ge=0)
+    """On lines that carry no echo of the bot: a clearly voiced window this far over the noise
+    floor in 1.5-3.4 kHz counts as the caller even when noise masks it broadband (speech in a
+    kitchen). Raise it (e.g. 99) to turn that path off."""
     playback_lead_ms: float = Field(240.0, ge=0)
     """Audio sent ahead of the play-out point; what a ``clear`` can still cut."""
     dtmf_interrupts: bool = True

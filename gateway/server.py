@@ -351,7 +351,8 @@ def call_settings_from(barge_in: Any) -> CallSettings:
     return CallSettings(
         barge_in=replace(BargeInSettings(), p_on=b.p_on, p_off=b.p_off,
                          start_windows=b.start_windows, stop_windows=b.stop_windows,
-                         commit_ms=b.commit_ms, resume_on_backchannel=b.resume_on_backchannel),
+                         commit_ms=b.commit_ms, resume_on_backchannel=b.resume_on_backchannel,
+                         band_snr_db=b.band_snr_db),
         echo=replace(EchoGateSettings(), echo_margin_db=b.echo_margin_db,
                      noise_margin_db=b.noise_margin_db),
         playback_lead_ms=b.playback_lead_ms,

@@ -23,6 +23,16 @@ A second, independent gate tracks the noise floor (a low percentile of the last 
 inbound hop energies), so steady babble or kitchen noise that Silero half-believes is speech must
 be exceeded by a margin too.
 
+Two more readings serve speech that is loud enough to hear but not to pass those broadband
+margins (a voice at 5 dB SNR under kitchen noise):
+
+* ``band_snr_db``: the window's power in the upper speech band (1.5-3.4 kHz, where voiced speech
+  keeps harmonics and much line noise is weak) against a per-bin noise floor, a running median
+  in dB that moves 0.6 dB per window and, like the other floors, only while nobody talks;
+* ``echo_free``: the bot has talked for a while (``echo_free_hops``) and its echo shows no
+  correlation on this line (no lag locked, best r < ``echo_free_corr``). The broadband echo
+  margin then only guards against an echo that is not there; the policy may do without it.
+
 Why a bank: the gate runs on every 32 ms window of every call. Done one call at a time it is a few
 dozen small numpy operations, 70-110 us per window, which at a few hundred calls is most of a core.
 :class:`EchoGateBank` keeps every call's gate state in rows of shared arrays (like the VAD engine's
@@ -38,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EchoGate", "EchoGateBank", "EchoGateSettings", "GateReading"]
+__all__ = ["EchoGate", "EchoGateBank", "EchoGateSettings", "GateReading", "hann_power"]
 
 HOP = 64  # samples per hop (8 ms at 8 kHz)
 _FLOOR_DB = -100.0
@@ -53,6 +63,16 @@ Floats = npt.NDArray[np.float64]
 
 def _db(energy: np.ndarray | float) -> np.ndarray | float:
     return 10.0 * np.log10(np.maximum(energy, 1e-10))
+
+
+_HANN = np.hanning(256)
+
+
+def hann_power(windows: np.ndarray) -> Floats:
+    """Power spectra of 256-sample windows (rows), Hann-windowed: what the band floor reads,
+    and what the DTMF feature reads (the engine computes it once for both)."""
+    w = np.asarray(windows, dtype=np.float64)
+    return np.abs(np.fft.rfft(w * _HANN[: w.shape[1]], 256, axis=1)) ** 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +101,19 @@ class EchoGateSettings:
     """Reference hops quieter than this carry no echo worth predicting."""
     tail_decay: float = 0.5
     """Per-hop decay of the reverberant tail added to the predicted echo."""
+    echo_free_corr: float = 0.4
+    """Best lag correlation below which a line that never locked an echo delay counts as
+    carrying no echo of the bot ..."""
+    echo_free_hops: int = 150
+    """... once this many bot-active hops have been heard (1.2 s of bot speech). Echo lines
+    here lock at r 0.6-0.97 within ~0.3 s of bot audio; echo-free lines stay under 0.35."""
+    echo_line_s: float = 2.0
+    """An echo delay held this long (in all) marks the line as carrying echo for the call."""
+    band_lo_hz: float = 1500.0
+    band_hi_hz: float = 3400.0
+    """The band of ``band_snr_db``."""
+    band_step_db: float = 0.6
+    """How far the band's per-bin noise floor moves per window (a running median in dB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +130,10 @@ class GateReading:
     """The echo delay is known (aligned prediction) rather than assumed."""
     passes: bool
     """Loud enough over echo, noise and the absolute floor to be the caller."""
+    echo_free: bool = False
+    """The bot has talked long enough to tell, and its echo is not heard on this line."""
+    band_snr_db: float = 0.0
+    """Power in the upper speech band over that band's noise floor (dB; 0 until known)."""
 
     @property
     def over_echo_db(self) -> float:
@@ -124,6 +161,9 @@ class EchoGateBank:
         self._lags = np.arange(self._nlag)
         self._offsets: dict[int, npt.NDArray[np.int64]] = {}  # nh -> (nh, nlag) hop offsets
         self._nwin = max(8, int(s.noise_window_s / self._hop_s))
+        self._echo_line_hops = int(round(s.echo_line_s / self._hop_s))
+        freqs = np.fft.rfftfreq(256, 1 / sample_rate)
+        self._band = np.flatnonzero((freqs >= s.band_lo_hz) & (freqs <= s.band_hi_hz))
         self._free: list[int] = []
         self._rows = 0
         self._alloc(_INITIAL_ROWS)
@@ -148,6 +188,7 @@ class EchoGateBank:
         self._active_hops = grow(g("_active_hops"), (), 0, np.int64)
         self._sums = grow(g("_sums"), (6, n), 0.0, np.float64)  # w, x, y, xx, yy, xy per lag
         self._lag = grow(g("_lag"), (), -1, np.int64)  # locked lag in hops, -1: none
+        self._locked_hops = grow(g("_locked_hops"), (), 0, np.int64)  # hops heard while locked
         self._lag_corr = grow(g("_lag_corr"), (), 0.0, np.float64)
         self._erl = grow(g("_erl"), (), s.default_erl_db, np.float64)
         self._erl_max = grow(g("_erl_max"), (), s.default_erl_db, np.float64)
@@ -156,6 +197,8 @@ class EchoGateBank:
         self._noise_i = grow(g("_noise_i"), (), 0, np.int64)
         self._noise_at = grow(g("_noise_at"), (), 0, np.int64)
         self._noise_db = grow(g("_noise_db"), (), -70.0, np.float64)
+        self._floor = grow(g("_floor"), (len(self._band),), 0.0, np.float64)  # band floor, dB
+        self._floor_set = grow(g("_floor_set"), (), False, np.bool_)
         self._free.extend(range(rows - 1, old - 1, -1))
         self._rows = rows
 
@@ -168,6 +211,7 @@ class EchoGateBank:
         self._active_hops[row] = 0
         self._sums[row] = 0.0
         self._lag[row] = -1
+        self._locked_hops[row] = 0
         self._lag_corr[row] = 0.0
         self._erl[row] = s.default_erl_db
         self._erl_max[row] = s.default_erl_db
@@ -176,6 +220,8 @@ class EchoGateBank:
         self._noise_i[row] = 0
         self._noise_at[row] = 0
         self._noise_db[row] = -70.0
+        self._floor[row] = 0.0
+        self._floor_set[row] = False
 
     def open_row(self) -> int:
         """A fresh row (a new call's gate)."""
@@ -252,12 +298,13 @@ class EchoGateBank:
 
     # -- the inbound track ------------------------------------------------------------------
     def process(self, rows: npt.NDArray[np.intp], windows: np.ndarray,
-                adapt: npt.NDArray[np.bool_]) -> list[GateReading]:
+                adapt: npt.NDArray[np.bool_], spectrum: Floats | None = None) -> list[GateReading]:
         """Read the gates of distinct ``rows``, one window each (``windows``: rows x samples, a
         multiple of the 64-sample hop, at most 64 hops).
 
         ``adapt[i]`` False while row i's caller is known to be talking: its echo gain and noise
-        floor then hold still, so the caller's own voice cannot teach the gate to ignore it.
+        floors then hold still, so the caller's own voice cannot teach the gate to ignore it.
+        ``spectrum``: :func:`hann_power` of ``windows`` if the caller has it already.
         """
         s = self.settings
         b = len(rows)
@@ -331,6 +378,14 @@ class EchoGateBank:
         # Hops now behind the lag range: zero them for the ring's next lap.
         self._ref.reshape(-1)[idx[:, :, nlag - 1]] = 0.0
 
+        band_snr = self._band_snr(rows, x, adapt, spectrum)
+        # A line that held an echo delay for echo_line_s carries echo for good: the lock can
+        # lapse while the caller talks over the bot, the echo path does not. (Spurious locks
+        # on echo-free lines here last 0.06-1.3 s; echo lines hold theirs until the caller talks.)
+        self._locked_hops[rows] += np.where(locked, nh, 0)
+        echo_free = ((lag < 0) & (self._locked_hops[rows] < self._echo_line_hops)
+                     & (self._lag_corr[rows] < s.echo_free_corr)
+                     & (self._active_hops[rows] >= s.echo_free_hops))
         level = _db(e_in.mean(axis=1))
         erl = np.where(locked, self._erl[rows], self._erl_max[rows])
         pred = np.where(locked, pred_aligned.mean(axis=1), pred_max.mean(axis=1))
@@ -343,7 +398,30 @@ class EchoGateBank:
             & (level >= echo_db + s.echo_margin_db)
         )
         return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
-                                             locked.tolist(), passes.tolist(), strict=True)]
+                                             locked.tolist(), passes.tolist(),
+                                             echo_free.tolist(), band_snr.tolist(), strict=True)]
+
+    def _band_snr(self, rows: np.ndarray, x: Floats, adapt: npt.NDArray[np.bool_],
+                  spectrum: Floats | None) -> Floats:
+        """Upper-band power over its per-bin floor (as the floor stood before this window), then
+        the floor's update: a sign step of ``band_step_db`` per bin, only where ``adapt``. A
+        row's first window sets its floor and reads 0 dB."""
+        if x.shape[1] != 256:
+            return np.zeros(len(rows))
+        p = (hann_power(x) if spectrum is None else spectrum)[:, self._band]
+        level = 10.0 * np.log10(np.maximum(p, 1e-12))
+        floor = self._floor[rows]
+        known = self._floor_set[rows]
+        snr = np.zeros(len(rows))
+        if known.any():
+            snr[known] = 10.0 * np.log10(np.maximum(p[known].sum(axis=1), 1e-30)
+                                         / (10.0 ** (floor[known] / 10.0)).sum(axis=1))
+        step = self.settings.band_step_db
+        moved = floor + np.where(level > floor, step, -step)
+        floor = np.where((adapt & known)[:, None], moved, np.where(known[:, None], floor, level))
+        self._floor[rows] = floor
+        self._floor_set[rows] = True
+        return snr
 
     def _adapt(self, rows: np.ndarray, sel: np.ndarray, x_db: Floats, pred_aligned: Floats,
                pred_max: Floats, locked: npt.NDArray[np.bool_]) -> None:

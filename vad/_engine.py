@@ -58,8 +58,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from ._echo import EchoGateBank, EchoGateSettings, GateReading
-from ._features import WindowFeatures, features_batch
+from ._echo import EchoGateBank, EchoGateSettings, GateReading, hann_power
+from ._features import BAND_CANDIDATE_DB, WindowFeatures, features_batch
 from ._silero import (
     CONTEXT_SAMPLES,
     INPUT_SAMPLES,
@@ -448,22 +448,28 @@ class VadEngine:
         if not by_bank:
             return gates, feats
         windows = x[:, CONTEXT_SAMPLES:]
+        spectrum = hann_power(windows)  # one transform per window, for the band floor and DTMF
         passing: list[int] = []
         for bank, idx in by_bank.items():
             members = [batch[i] for i in idx]
             rows = np.fromiter((s._gate_row for s in members), dtype=np.intp, count=len(idx))
             adapt = np.fromiter((s.gate_adapt for s in members), dtype=np.bool_, count=len(idx))
             sel = np.asarray(idx, dtype=np.intp) if len(idx) < n else slice(None)
-            for i, reading in zip(idx, bank.process(rows, windows[sel], adapt), strict=True):
+            floor = bank.settings.min_level_dbfs
+            readings = bank.process(rows, windows[sel], adapt, spectrum[sel])
+            for i, reading in zip(idx, readings, strict=True):
                 gates[i] = reading
                 feats[i] = _NO_FEATURES
-                if reading.passes:
+                # Features matter only where the policy reads them (BargeInPolicy.is_caller):
+                # windows that pass the gate, and voiced-band candidates on echo-free lines.
+                # Skipping the rest saves most of their cost on a quiet or echo-only line.
+                if reading.passes or (reading.echo_free and reading.level_db >= floor
+                                      and reading.band_snr_db >= BAND_CANDIDATE_DB):
                     passing.append(i)
-        # Features matter only for windows that pass the gate (see BargeInPolicy.is_caller):
-        # skipping the rest saves most of their cost on a quiet or echo-only line.
         if passing:
             p = np.asarray(passing, dtype=np.intp)
-            for i, f in zip(passing, features_batch(windows[p], self._tail[slots[p]]), strict=True):
+            got = features_batch(windows[p], self._tail[slots[p]], spectrum=spectrum[p])
+            for i, f in zip(passing, got, strict=True):
                 feats[i] = f
         self._tail[slots] = windows[:, -_TAIL:]
         return gates, feats

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WindowFeatures", "features_batch", "window_features"]
+__all__ = ["BAND_CANDIDATE_DB", "WindowFeatures", "features_batch", "window_features"]
+
+BAND_CANDIDATE_DB = 6.0
+"""The engine computes features for windows that fail the gate only on echo-free lines and only
+where the upper band stands at least this far over its floor (``GateReading.band_snr_db``):
+a policy's ``band_snr_db`` below this acts as this."""
 
 _N = 256
 _RATE = 8000
@@ -53,7 +58,8 @@ def window_features(window: np.ndarray, previous: np.ndarray | None = None) -> W
     return features_batch(w[None, :], prev[None, :])[0]
 
 
-def features_batch(windows: np.ndarray, previous: np.ndarray) -> list[WindowFeatures]:
+def features_batch(windows: np.ndarray, previous: np.ndarray,
+                   spectrum: np.ndarray | None = None) -> list[WindowFeatures]:
     """:func:`window_features` of many windows at once (rows of ``windows``, each with the row
     of ``previous`` before it): the same arithmetic as numpy operations over the whole batch, so
     the cost per window falls with the batch (the gateway scores a VAD batch in one call)."""
@@ -78,7 +84,10 @@ def features_batch(windows: np.ndarray, previous: np.ndarray) -> list[WindowFeat
             a0 = ac[ok, :1]
             voicing[ok] = np.max(ac[ok][:, lags] / a0 * (n / (n - lags)), axis=1)
     m = min(w.shape[1], _N)
-    p = np.abs(np.fft.rfft(w[:, :m] * _HANN[:m], _N, axis=1)) ** 2
+    if spectrum is not None:  # the same Hann power spectrum, computed by the caller
+        p = np.asarray(spectrum, dtype=np.float64)
+    else:
+        p = np.abs(np.fft.rfft(w[:, :m] * _HANN[:m], _N, axis=1)) ** 2
     total = p.sum(axis=1)
     lo = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _LOW_BINS]), axis=0)
     hi = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _HIGH_BINS]), axis=0)

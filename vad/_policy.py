@@ -7,7 +7,10 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    louder than the predicted echo and the noise floor by their margins, or the window is *far*
    louder than echo and noise (``strong_*_db``), is not a DTMF tone, and is voiced or at least
    half-believed by Silero. The second path catches onsets Silero is slow on (weak first words,
-   speech in kitchen noise) without letting coughs, clicks or the bot's echo through.
+   speech in kitchen noise) without letting coughs, clicks or the bot's echo through. A third
+   path hears a voice under noise loud enough to mask it broadband (Silero deaf, the gate
+   closed): on a line where the bot's echo is known not to come back, a clearly voiced window
+   whose upper speech band (1.5-3.4 kHz) stands ``band_snr_db`` over that band's noise floor.
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -50,6 +53,13 @@ class BargeInSettings:
     """Clearly voiced windows that pass the gates need only ``p_weak`` from Silero (speech in
     loud noise, where Silero stays low for half a second)."""
     dtmf_max: float = 0.6
+    band_snr_db: float = 10.0
+    """Upper-band SNR that makes a voiced window the caller on an echo-free line, whatever the
+    broadband gate says (values under vad._features.BAND_CANDIDATE_DB act as it)."""
+    band_voicing_min: float = 0.6
+    """Voicing that path needs: coughs and door slams reach 0.52 here, babble 0.58."""
+    band_min_level_dbfs: float = -55.0
+    """... and the absolute level (the gate's floor)."""
     instant_margin_db: float = 25.0
     """A window this far over noise and echo, voiced and Silero-confirmed, starts speech alone."""
     start_windows: int = 2
@@ -111,18 +121,25 @@ class BargeInPolicy:
     def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
         s = self.settings
-        if not gate.passes:
-            return False
-        if prob >= s.p_on:
-            return True
-        strong = (
-            gate.level_db - gate.noise_db >= s.strong_noise_db
-            and gate.level_db - gate.echo_db >= s.strong_echo_db
+        if gate.passes:
+            if prob >= s.p_on:
+                return True
+            strong = (
+                gate.level_db - gate.noise_db >= s.strong_noise_db
+                and gate.level_db - gate.echo_db >= s.strong_echo_db
+                and feat.dtmf < s.dtmf_max
+            )
+            if strong and (feat.voicing >= s.voicing_min or prob >= s.p_weak):
+                return True
+            if feat.voicing >= s.voiced_min and prob >= s.p_weak and feat.dtmf < s.dtmf_max:
+                return True
+        return (
+            gate.echo_free
+            and gate.level_db >= s.band_min_level_dbfs
+            and gate.band_snr_db >= s.band_snr_db
+            and feat.voicing >= s.band_voicing_min
             and feat.dtmf < s.dtmf_max
         )
-        if strong and (feat.voicing >= s.voicing_min or prob >= s.p_weak):
-            return True
-        return feat.voicing >= s.voiced_min and prob >= s.p_weak and feat.dtmf < s.dtmf_max
 
     def is_instant(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
         """A window so clearly the caller that it needs no second one."""

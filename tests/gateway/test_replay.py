@@ -58,11 +58,11 @@ def test_barge_in_scores(replayed: dict[str, list[dict[str, Any]]]) -> None:
     expected = sum(rec.labels(n)["expect"]["barge_in"] for n in NAMES)
     assert summ["detected"] == expected and summ["missed"] == 0, results
     assert summ["latency_p50_ms"] <= 120
-    # Every barge-in but the 5 dB SNR kitchen recording within 250 ms (see docs/bargein.md).
+    # Every barge-in within 250 ms, the 5 dB SNR kitchen one included (the band path).
     slow = {r["name"]: r["latency_ms"] for r in results
             if r["latency_ms"] is not None and r["latency_ms"] > 250}
-    assert set(slow) <= {"hard_snr5_dishes_jfk"}, slow
-    assert summ["latency_max_ms"] <= 600
+    assert not slow, slow
+    assert summ["latency_max_ms"] <= 250
     for r in results:
         if r["scenario"] in ("noise_only", "echo", "silence", "dtmf", "normal_turn"):
             assert not r["false_stop"], r

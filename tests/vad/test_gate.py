@@ -11,7 +11,7 @@ import pytest
 
 from gateway.audio import read_wav_ulaw, ulaw_to_float32
 from vad import EchoGate, EchoGateBank, EchoGateSettings, GateReading, VadEngine
-from vad._features import features_batch, window_features
+from vad._features import BAND_CANDIDATE_DB, features_batch, window_features
 from vad._silero import load_runtime
 
 from . import RECORDINGS, caller_recordings, recording
@@ -25,9 +25,9 @@ def _bot(name: str) -> np.ndarray:
     return ulaw_to_float32(read_wav_ulaw(RECORDINGS / f"{name}.bot.wav"))
 
 
-def _fields(r: GateReading) -> tuple[float, float, float, bool, bool]:
+def _fields(r: GateReading) -> tuple[float, float, float, bool, bool, bool, float]:
     return (round(r.level_db, 9), round(r.echo_db, 9), round(r.noise_db, 9), r.echo_locked,
-            r.passes)
+            r.passes, r.echo_free, round(r.band_snr_db, 9))
 
 
 class _Call:
@@ -63,6 +63,7 @@ def test_bank_rows_read_what_each_call_alone_reads() -> None:
     assert len(calls) >= 20
     clear_at = {c.name: rng.randrange(c.windows) for c in calls if rng.random() < 0.3}
     compared = 0
+    echo_free: set[str] = set()
     for w in range(max(c.windows for c in calls)):
         live = [c for c in calls if w < c.windows]
         rng.shuffle(live)  # rows in any order, any subset of the bank
@@ -74,6 +75,8 @@ def test_bank_rows_read_what_each_call_alone_reads() -> None:
             if clear_at.get(c.name) == w:
                 c.clear(now)
             expected.append(c.alone.process(c.inbound[w * WINDOW : now], adapt=a))
+            if expected[-1].echo_free:
+                echo_free.add(c.name)
         got = bank.process(np.array([c.row for c in live], dtype=np.intp),
                            np.stack([c.inbound[w * WINDOW : (w + 1) * WINDOW] for c in live]),
                            np.array(adapt))
@@ -82,7 +85,12 @@ def test_bank_rows_read_what_each_call_alone_reads() -> None:
     assert compared > 5000
     # The gate did its job on the way: the echo-only calls locked their echo delay.
     locked = {c.name for c in calls if c.alone.lag_hops is not None}
-    assert {c.name for c in calls if c.name.startswith("echo_only")} <= locked
+    echoes = {c.name for c in calls if c.name.startswith("echo_")}
+    assert {n for n in echoes if n.startswith("echo_only")} <= locked
+    # Lines that carry the bot's echo are never called echo-free; most others are, once the
+    # bot has talked long enough to tell.
+    assert len(echoes) == 3 and not echoes & echo_free
+    assert len(echo_free) >= len(calls) // 2, sorted(echo_free)
     for c in calls:
         assert bank.lag_hops(c.row) == c.alone.lag_hops
         assert bank.erl_db(c.row) == pytest.approx(c.alone.erl_db, abs=1e-9)
@@ -175,9 +183,12 @@ async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
                         assert all(r.gate is None and r.features is None for r in bare)
                     for r in results:
                         assert r.gate is not None and r.features is not None
-                        if not r.gate.passes:
+                        if not r.gate.passes and not (
+                            r.gate.echo_free and r.gate.band_snr_db >= BAND_CANDIDATE_DB
+                        ):  # the policy does not read these windows' features: not computed
                             assert r.features.voicing == 0.0 and r.features.dtmf == 0.0
                         got.append((r.index, round(r.prob, 4), _fields(r.gate),
+                                    r.gate.echo_free, round(r.gate.band_snr_db, 9),
                                     round(r.features.voicing, 9), round(r.features.dtmf, 9)))
                 stream.close()
                 if plain is not None:

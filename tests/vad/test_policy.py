@@ -1,0 +1,64 @@
+"""The barge-in decision on hand-made readings: each path of ``is_caller`` and its guards."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from vad import BargeInPolicy, BotState, Decision, EchoGateBank, GateReading, WindowFeatures
+
+QUIET_LINE = GateReading(level_db=-30.0, echo_db=-100.0, noise_db=-40.0, echo_locked=False,
+                         passes=False)
+# A voice under loud kitchen noise: 5 dB over the broadband floor (the gate stays shut), its
+# harmonics 15 dB over the floor in 1.5-3.4 kHz, on a line where the bot's echo is not heard.
+MASKED_VOICE = GateReading(level_db=-30.0, echo_db=-36.0, noise_db=-35.0, echo_locked=False,
+                           passes=False, echo_free=True, band_snr_db=15.0)
+VOICED = WindowFeatures(voicing=0.75, dtmf=0.05)
+
+
+def test_band_path_hears_a_voice_the_gate_cannot() -> None:
+    policy = BargeInPolicy()
+    assert policy.is_caller(0.05, MASKED_VOICE, VOICED)
+    assert not policy.is_caller(0.05, QUIET_LINE, VOICED)
+
+
+@pytest.mark.parametrize(("gate", "feat"), [
+    (replace(MASKED_VOICE, echo_free=False), VOICED),  # the bot's echo may be on this line
+    (replace(MASKED_VOICE, band_snr_db=9.0), VOICED),  # not far enough over the band floor
+    (replace(MASKED_VOICE, level_db=-60.0), VOICED),  # under the absolute floor
+    (MASKED_VOICE, WindowFeatures(voicing=0.55, dtmf=0.05)),  # a cough or babble, not a voice
+    (MASKED_VOICE, WindowFeatures(voicing=0.75, dtmf=0.8)),  # a key tone
+])
+def test_band_path_guards(gate: GateReading, feat: WindowFeatures) -> None:
+    assert not BargeInPolicy().is_caller(0.05, gate, feat)
+
+
+def test_band_path_pauses_the_bot_after_two_windows() -> None:
+    policy = BargeInPolicy()
+    assert policy.step(0.05, MASKED_VOICE, VOICED, BotState.INTERRUPTIBLE) == []
+    assert policy.step(0.05, MASKED_VOICE, VOICED, BotState.INTERRUPTIBLE) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_band_floor_tracks_noise_and_holds_while_the_caller_talks() -> None:
+    """band_snr_db: a steady noise settles near 0 dB; a harmonic voice in 1.5-3.4 kHz stands
+    well over it; with adapt False the floor does not learn the voice."""
+    rng = np.random.default_rng(3)
+    bank = EchoGateBank()
+    row = np.array([bank.open_row()])
+    t = np.arange(256) / 8000
+
+    def window(voice: bool) -> np.ndarray:
+        w = rng.normal(0, 0.02, 256)
+        if voice:
+            w += sum(0.05 * np.sin(2 * np.pi * f * t) for f in (1600, 1800, 2000, 2200))
+        return w[None, :]
+
+    noise = [bank.process(row, window(False), np.array([True]))[0] for _ in range(200)]
+    assert abs(np.mean([r.band_snr_db for r in noise[-50:]])) < 3.0
+    held = [bank.process(row, window(True), np.array([False]))[0] for _ in range(40)]
+    assert min(r.band_snr_db for r in held) > 10.0  # the floor did not move towards the voice
+    learnt = [bank.process(row, window(True), np.array([True]))[0] for _ in range(200)]
+    assert learnt[-1].band_snr_db < 3.0  # left to adapt, it takes a steady tone for the floor
