@@ -16,7 +16,10 @@ recorded calls, for both runtimes. CPU time is ``time.process_time``; a call pro
 (b) the batched engine: every call pushes 20 ms frames from its own asyncio task and awaits its
     windows; ``max_batch`` 16/64/128. (b0) is the model alone on batches of 128.
 (c) the whole media path per 20 ms frame: Twilio ``media`` JSON parse, base64 decode, mu-law
-    LUT, and the engine's VAD.
+    LUT, and the engine's VAD. (c2) the same with the bot talking: the echo/noise gate (fed
+    the recording's bot audio 240 ms ahead in 40 ms chunks, as the gateway sends it) and the
+    window features, one call at a time (``EchoGate`` + ``window_features`` per window, as the
+    gateway did before) against batched in the engine (``open_stream(echo=...)``).
 (d) paced like real traffic: each call's frames arrive on the wall clock at its own random phase,
     so batches fill only as far as ``max_wait_ms`` and the load let them.
 """
@@ -92,6 +95,24 @@ def _signals(folder: Path, calls: int, seconds: float) -> list[Audio]:
         offset = ((i // len(audio)) * 8000 + 37 * i) % max(1, len(a) - length)
         out.append(np.ascontiguousarray(a[offset : offset + length]))
     return out
+
+
+def _bot_audio(folder: Path, calls: int, frames: int) -> list[Audio]:
+    """Each call's bot audio (``NAME.bot.wav``) over the span :func:`_media_messages` takes, plus
+    the playback lead: what the gateway would send while those frames come in."""
+    audio = [ulaw_to_float32(read_wav_ulaw(p.with_name(p.stem + ".bot.wav")))
+             for p in _caller_wavs(folder)]
+    caller = [len(read_wav_ulaw(p)) for p in _caller_wavs(folder)]
+    out = []
+    for i in range(calls):
+        data, total = audio[i % len(audio)], caller[i % len(audio)] // FRAME
+        first = ((i // len(audio)) * 7) % max(1, total - frames)
+        out.append(np.ascontiguousarray(data[first * FRAME : (first + frames) * FRAME + _LEAD]))
+    return out
+
+
+_LEAD = 1920  # the gateway sends bot audio up to 240 ms ahead
+_CHUNK = 320  # in 40 ms media messages
 
 
 def _media_messages(folder: Path, calls: int, frames: int) -> list[list[str]]:
@@ -278,6 +299,48 @@ async def _media_path(engine: VadEngine, messages: list[list[str]]) -> int:
     return sum(await asyncio.gather(*(call(i) for i in range(len(messages)))))
 
 
+async def _media_path_gated(engine: VadEngine, messages: list[list[str]], bots: list[Audio],
+                            batched: bool) -> int:
+    """(c2): the media path with the bot's audio on the line: gate and features per window,
+    batched in the engine or one call at a time."""
+    from vad import EchoGate, EchoGateSettings, window_features
+
+    settings = EchoGateSettings()
+    streams = [engine.open_stream(echo=settings if batched else None) for _ in messages]
+
+    async def call(i: int) -> int:
+        stream, bot = streams[i], bots[i]
+        gate = None if batched else EchoGate(settings)
+        frames = sent = 0
+        pending = np.zeros(0, dtype=np.float32)
+        previous = np.zeros(128, dtype=np.float32)
+        for line in messages[i]:
+            samples = _decode(line)
+            if samples is None:
+                continue
+            now = (frames + 1) * FRAME
+            while sent < min(len(bot), now + _LEAD):
+                chunk = bot[sent : sent + _CHUNK]
+                if gate is None:
+                    stream.add_reference(sent, chunk)
+                else:
+                    gate.add_reference(sent, chunk)
+                sent += _CHUNK
+            results = await stream.process(samples)
+            if gate is not None:
+                pending = np.concatenate([pending, samples])
+                for _ in results:
+                    window, pending = pending[:WINDOW_SAMPLES], pending[WINDOW_SAMPLES:]
+                    if gate.process(window).passes:
+                        window_features(window, previous)
+                    previous = window[-128:]
+            frames += 1
+        stream.close()
+        return frames
+
+    return sum(await asyncio.gather(*(call(i) for i in range(len(messages)))))
+
+
 # -- (d) paced ----------------------------------------------------------------------------------
 async def _paced(
     engine: VadEngine, signals: list[Audio], seconds: float, seed: int
@@ -383,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     signals = _signals(folder, args.calls, args.seconds)
     short = [s[: max(WINDOW_SAMPLES, len(s) // 4)] for s in signals]
     messages = _media_messages(folder, args.calls, int(args.seconds / 0.020))
+    bots = _bot_audio(folder, args.calls, int(args.seconds / 0.020))
     print(f"# vad_throughput: {args.calls} calls x {args.seconds:.2f} s ((a): first quarter),")
     print(f"# {pinned}, 1 inference thread, median of {args.repeat} runs, recordings: {folder}")
     print("# calls/core = audio seconds scored / CPU seconds (time.process_time)")
@@ -432,12 +496,31 @@ def main(argv: list[str] | None = None) -> None:
         frames_path, cpu_path = _cpu(lambda: asyncio.run(media_once()), args.repeat)
         us_decode = cpu_decode / frames * 1e6
         us_path = cpu_path / frames_path * 1e6
+
         us_vad = batched.us_per_window * FRAME / WINDOW_SAMPLES
         per_call = 20000 / (us_decode + _per_frame_us(baseline[name]))
         media.append(
             f"{name:<12} JSON+base64+LUT {us_decode:5.1f} | VAD share (b, 128) {us_vad:5.1f} | "
             f"whole path {us_path:5.1f} us/frame -> {20000 / us_path:4.0f} calls/core "
             f"(decode + per-call (a1): {per_call:4.0f})"
+        )
+
+        gated_us = {}
+        for batched_gate in (False, True):
+            async def gated_once() -> int:
+                async with VadEngine(runtime=runtime, max_batch=128) as engine:  # noqa: B023
+                    return await _media_path_gated(engine, messages, bots, batched_gate)  # noqa: B023
+
+            n_gated, cpu_gated = _cpu(lambda: asyncio.run(gated_once()), args.repeat)  # noqa: B023
+            gated_us[batched_gate] = cpu_gated / n_gated * 1e6
+        # Per window (a frame is 160 of a window's 256 samples): what the gate and features add.
+        extra = {k: (v - us_path) * WINDOW_SAMPLES / FRAME for k, v in gated_us.items()}
+        media.append(
+            f"{name:<12} bot talking (c2): gate+features one call at a time "
+            f"{gated_us[False]:5.1f} us/frame ({extra[False]:5.1f} us/window over (c)), batched "
+            f"{gated_us[True]:5.1f} us/frame ({extra[True]:5.1f} us/window) -> "
+            f"{20000 / gated_us[True]:4.0f} vs {20000 / gated_us[False]:4.0f} calls/core, "
+            f"{gated_us[False] / gated_us[True]:.2f}x"
         )
 
         # (d) paced at real time
