@@ -362,8 +362,11 @@ def call_settings_from(barge_in: Any) -> CallSettings:
 
 
 class TranscriberCache:
-    """One transcriber per agent STT configuration (a pocketsphinx transcriber pools its
-    decoders across calls); a reload that changes an agent's ``stt`` section makes a new one."""
+    """One transcriber per distinct STT configuration, shared by the agents that have it (a
+    pocketsphinx transcriber pools its decoders across calls; an OpenAI one its connections); a
+    reload that changes an agent's ``stt`` section makes a new one. Built and warmed up before
+    the first call (:meth:`warm_up`): building one mid-call (an HTTP client loads its TLS
+    trust store) or its first use (lazy imports) stalled every call's audio for 20-90 ms."""
 
     def __init__(self, holder: Any) -> None:
         self._holder = holder
@@ -377,7 +380,7 @@ class TranscriberCache:
         from speech import make_transcriber
 
         stt = self.agent_stt(agent)
-        key = (agent, stt.model_dump_json())
+        key = ("stt", stt.model_dump_json())  # an unknown agent gets the default's, shared
         if key not in self._cache:
             if stt.provider == "openai":
                 opts: dict[str, Any] = {"language": stt.language.split("-")[0]}
@@ -404,8 +407,9 @@ class TranscriberCache:
         self._cache.clear()
 
     async def warm_up(self) -> None:
-        """Load the default agents' offline decoders before the first call (they hold the GIL
-        for ~0.3 s each while loading)."""
+        """Build every agent's transcriber and warm it up before the first call (offline
+        decoders hold the GIL ~0.3 s each while loading; the OpenAI client imports ~45 ms of
+        modules on first use)."""
         for name in self._holder.current.agents:
             transcriber = self(name)
             warm = getattr(transcriber, "warm_up", None)

@@ -152,3 +152,51 @@ def test_no_api_key_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ConfigurationError, match="API key"):
         OpenAITranscriber()
+
+
+_FIRST_REQUEST_IMPORTS = r"""
+import asyncio, json, sys
+from tests.openai_audio_server import AudioServer
+from speech import OpenAITranscriber
+
+async def main():
+    async with AudioServer() as server:
+        server.transcribe("hello")
+        t = OpenAITranscriber(model="whisper-1", api_key="sk-test", base_url=server.base_url)
+        if sys.argv[1] == "warm":
+            await t.warm_up(1)
+        before = set(sys.modules)
+        text = (await t.transcribe_wav(bytes.fromhex(sys.argv[2]))).text
+        await t.aclose()
+    print(json.dumps({"text": text, "imported": sorted(set(sys.modules) - before)}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_warm_up_leaves_nothing_to_import_on_the_first_request(warm: bool) -> None:
+    """A fresh interpreter (imports are per process): without warm_up the first request imports
+    the SDK's audio resources and anyio's backend, ~45 ms with the event loop stalled; after it,
+    next to nothing (the loop's resolver executor at most)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from speech._audio import encode_wav_pcm16
+
+    wav = encode_wav_pcm16(b"\x00\x01" * 800, sample_rate=8000)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIRST_REQUEST_IMPORTS, "warm" if warm else "cold",
+         wav.hex()],
+        cwd=root, capture_output=True, text=True, timeout=120, check=True,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["text"] == "hello"
+    heavy = [m for m in result["imported"] if m.startswith(("openai.", "anyio."))]
+    if warm:
+        assert heavy == [], heavy
+    else:
+        assert len(heavy) > 10  # what warm_up is for
