@@ -208,6 +208,10 @@ class OnnxSilero:
             raise InferenceError(f"onnxruntime failed on a batch of {x.shape[0]}: {exc}") from exc
         return out.reshape(-1), new_state
 
+    def warm_up(self, batches: tuple[int, ...] = (1, 8, 16)) -> None:
+        """Run silence through the model at these batch sizes (see :func:`warm_up`)."""
+        warm_up(self, batches)
+
     def __repr__(self) -> str:
         return f"OnnxSilero(path={str(self.path)!r})"
 
@@ -270,6 +274,10 @@ class TorchScriptSilero:
         probs: Float32Array = _as_numpy(out).reshape(-1)
         return probs, _as_numpy(new_state)
 
+    def warm_up(self, batches: tuple[int, ...] = (1, 24, 32, 48, 64, 96, 128)) -> None:
+        """Run silence through the model at these batch sizes (see :func:`warm_up`)."""
+        warm_up(self, batches)
+
     def __repr__(self) -> str:
         return f"TorchScriptSilero(path={str(self.path)!r})"
 
@@ -299,6 +307,22 @@ class AdaptiveSilero:
         runtime = self._onnx if x.shape[0] < self.threshold else self._torch
         return runtime.infer(x, state)
 
+    def warm_up(self) -> None:
+        """Each runtime at the batch sizes it will serve (see :func:`warm_up`)."""
+        self._onnx.warm_up((1, 8, self.threshold - 1))
+        self._torch.warm_up((self.threshold, 32, 48, 64, 96, 128))
+
+
+def warm_up(runtime: SileroRuntime, batches: tuple[int, ...]) -> None:
+    """Run two batches of silence at each size, so the first calls' one-off costs land here,
+    at load time, and not on a live call's frames: TorchScript's profiling executor spends
+    ~50 ms on its first call and 3-5 ms on each new batch size (measured on this machine class;
+    each stalls every call in the process)."""
+    for b in batches:
+        x = np.zeros((b, INPUT_SAMPLES), dtype=np.float32)
+        for _ in range(2):
+            runtime.infer(x, np.zeros((2, b, STATE_SIZE), dtype=np.float32))
+
 
 def import_runtime(name: str) -> None:
     """Import the Python package behind a runtime (no model is loaded); unknown names pass."""
@@ -320,15 +344,17 @@ def load_runtime(name: RuntimeName) -> SileroRuntime:
     Raises:
         RuntimeUnavailable: The name is unknown or the runtime cannot be loaded.
     """
-    if name == "onnx":
-        return OnnxSilero()
-    if name == "torchscript":
-        return TorchScriptSilero()
-    if name == "auto":
-        return AdaptiveSilero()
-    raise RuntimeUnavailable(
-        f"unknown Silero runtime {name!r}; use 'onnx', 'torchscript' or 'auto'"
-    )
+    loaders: dict[str, type[OnnxSilero | TorchScriptSilero | AdaptiveSilero]] = {
+        "onnx": OnnxSilero, "torchscript": TorchScriptSilero, "auto": AdaptiveSilero,
+    }
+    loader = loaders.get(name)
+    if loader is None:
+        raise RuntimeUnavailable(
+            f"unknown Silero runtime {name!r}; use 'onnx', 'torchscript' or 'auto'"
+        )
+    runtime = loader()
+    runtime.warm_up()  # first-call costs here, not on a live call
+    return runtime
 
 
 def probabilities(runtime: SileroRuntime, samples: npt.ArrayLike) -> Float32Array:
