@@ -587,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generators", type=int, default=1,
                    help="load generator processes (all on the load CPU)")
     p.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto")
-    p.add_argument("--vad-max-wait-ms", type=float, default=2.0,
+    p.add_argument("--vad-max-wait-ms", type=float, default=5.0,
                    help="the gateway's VAD batching wait (callgate serve --vad-max-wait-ms)")
     p.add_argument("--bot", choices=("always", "once", "never"), default="always",
                    help="the bench worker keeps the bot talking over every call (default: the "
