@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", type=Path, default=None, help="YAML config (default: config/)")
     s.add_argument("--redis", default=None, help="redis:// URL; default: embedded bus")
     s.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto",
-                   help="Silero runtime: auto = ONNX for batches under 24 calls, TorchScript above")
+                   help="Silero runtime: auto = ONNX for batches under 32 calls, TorchScript above")
     s.add_argument("--vad-max-wait-ms", type=float, default=5.0,
                    help="longest a VAD window waits for other calls' windows to batch with "
                         "(5 ms: bigger batches, -8%% CPU per call against 2 ms and a lower p99 "
