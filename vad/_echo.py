@@ -182,6 +182,9 @@ class EchoGateBank:
         first = old == 0
         g = (lambda name: None) if first else (lambda name: getattr(self, name))
         self._ref = grow(g("_ref"), (_RING,), 0.0, np.float64)  # reference energy per hop
+        # ... and in dB, kept in step with _ref: the correlation reads it every window, and a
+        # log per hop per lag per window was the gate's dearest operation.
+        self._ref_db = grow(g("_ref_db"), (_RING,), _FLOOR_DB, np.float64)
         self._hop = grow(g("_hop"), (), 0, np.int64)  # next inbound hop
         self._last_active = grow(g("_last_active"), (), -(10**9), np.int64)
         self._windows = grow(g("_windows"), (), 0, np.int64)
@@ -205,6 +208,7 @@ class EchoGateBank:
     def _reset(self, row: int) -> None:
         s = self.settings
         self._ref[row] = 0.0
+        self._ref_db[row] = _FLOOR_DB
         self._hop[row] = 0
         self._last_active[row] = -(10**9)
         self._windows[row] = 0
@@ -275,13 +279,16 @@ class EchoGateBank:
         if hi <= lo:
             return
         parts = parts[lo - first : hi - first]
-        ref = self._ref[row]
+        ref, ref_db = self._ref[row], self._ref_db[row]
         a, b = lo & _MASK, hi & _MASK
         if a < b:
             ref[a:b] += parts
+            ref_db[a:b] = _db(ref[a:b])
         else:  # the span wraps around the ring's end
             ref[a:] += parts[: _RING - a]
             ref[:b] += parts[_RING - a :]
+            ref_db[a:] = _db(ref[a:])
+            ref_db[:b] = _db(ref[:b])
         if lo < hop:  # late audio for hops already passed: they count as active from now on
             pos = np.arange(lo, hop) & _MASK
             active = np.flatnonzero(ref[pos] > self._active_e)
@@ -294,7 +301,9 @@ class EchoGateBank:
         h0 = max(-(-sample // HOP), hop)
         hi = hop + _RING - self._nlag - _MAX_HOPS
         if h0 < hi:
-            self._ref[row, np.arange(h0, hi) & _MASK] = 0.0
+            pos = np.arange(h0, hi) & _MASK
+            self._ref[row, pos] = 0.0
+            self._ref_db[row, pos] = _FLOOR_DB
 
     # -- the inbound track ------------------------------------------------------------------
     def process(self, rows: npt.NDArray[np.intp], windows: np.ndarray,
@@ -333,24 +342,23 @@ class EchoGateBank:
         if corr.any():
             c = np.flatnonzero(corr)
             cr = rows[c]
-            ref_db = _db(refs[c])  # (c, nh, nlag)
+            ref_db = self._ref_db.reshape(-1).take(idx[c])  # (c, nh, nlag), = _db(refs[c])
             active = ref_db > s.ref_active_dbfs
             # Correlation sums with forgetting, per lag, only where the delayed reference is
             # active (all hops of the window at once; their order inside 32 ms is immaterial).
-            w = active.astype(np.float64)
-            cnt = w.sum(axis=1)  # (c, nlag)
-            decay = self._lam**cnt
-            xd = x_db[c][:, :, None]
-            wx = w * xd
+            w = active.astype(np.float64)  # (c, nh, nlag)
             wy = w * ref_db
-            sums = self._sums[cr]  # (c, 6, nlag)
-            sums[:, 0] = sums[:, 0] * decay + cnt
-            sums[:, 1] = sums[:, 1] * decay + wx.sum(axis=1)
-            sums[:, 2] = sums[:, 2] * decay + wy.sum(axis=1)
-            sums[:, 3] = sums[:, 3] * decay + (wx * xd).sum(axis=1)
-            sums[:, 4] = sums[:, 4] * decay + (wy * ref_db).sum(axis=1)
-            sums[:, 5] = sums[:, 5] * decay + (wx * ref_db).sum(axis=1)
-            self._sums[cr] = sums
+            # The window's hops summed per lag as small matrix products (one call each):
+            # [1, x, x^2] @ w -> count, sum x, sum x^2;  [1, x] @ w*y -> sum y, sum x*y.
+            xd = x_db[c]  # (c, nh)
+            ones = np.ones_like(xd)
+            m1 = np.matmul(np.stack([ones, xd, xd * xd], axis=1), w)  # (c, 3, nlag)
+            m2 = np.matmul(np.stack([ones, xd], axis=1), wy)  # (c, 2, nlag)
+            cnt = m1[:, 0]
+            decay = self._lam**cnt
+            add = np.stack([cnt, m1[:, 1], m2[:, 0], m1[:, 2], (wy * ref_db).sum(axis=1),
+                            m2[:, 1]], axis=1)  # w, x, y, xx, yy, xy: the layout of _sums
+            self._sums[cr] = self._sums[cr] * decay[:, None, :] + add
             self._active_hops[cr] += active.any(axis=2).sum(axis=1)
             self._windows[cr] += 1
             due = self._windows[cr] % 2 == 0
@@ -376,7 +384,9 @@ class EchoGateBank:
             self._adapt(rows, np.flatnonzero(adapt), x_db, pred_aligned, pred_max, locked)
         self._hop[rows] = h0 + nh
         # Hops now behind the lag range: zero them for the ring's next lap.
-        self._ref.reshape(-1)[idx[:, :, nlag - 1]] = 0.0
+        gone = idx[:, :, nlag - 1]
+        self._ref.reshape(-1)[gone] = 0.0
+        self._ref_db.reshape(-1)[gone] = _FLOOR_DB
 
         band_snr = self._band_snr(rows, x, adapt, spectrum)
         # A line that held an echo delay for echo_line_s carries echo for good: the lock can
