@@ -19,7 +19,8 @@ A stream opened with echo settings (``open_stream(echo=...)``, as every gateway 
 owns a row of the engine's :class:`~vad._echo.EchoGateBank` for those settings. The batch that
 scores its window then reads its echo/noise gate and, where the gate passes, the window's
 voicing and DTMF features, for all such streams at once; :class:`WindowResult` carries both.
-Done one call at a time these cost 130-170 us per window, about what Silero costs per row.
+Done one call at a time these cost more per window than Silero does; batched, the media path
+with the bot talking is 3.7-5.2x cheaper (bench/vad_throughput.py, (c2)).
 
 Inference runs inline on the event loop, synchronously, inside the ``push``/``process``/timer that
 completes the batch. Measured on this machine class (one core, onnxruntime): handing a batch to a
@@ -118,9 +119,10 @@ class WindowResult:
         prob: Silero's speech probability in [0, 1].
         gate: The echo and noise gate's reading of the window, for a stream opened with
             ``echo`` settings (else None).
-        features: Voicing and DTMF-likeness of the window, computed only where the gate
-            passes (elsewhere zeros: the policy reads them only for windows that pass); None
-            without a gate.
+        features: Voicing and DTMF-likeness of the window, computed only where the policy reads
+            them: windows the gate passes, and voiced-band candidates on echo-free lines
+            (``gate.echo_free`` and ``gate.band_snr_db >= BAND_CANDIDATE_DB``); elsewhere
+            zeros. None without a gate.
     """
 
     index: int
@@ -448,13 +450,15 @@ class VadEngine:
         if not by_bank:
             return gates, feats
         windows = x[:, CONTEXT_SAMPLES:]
-        spectrum = hann_power(windows)  # one transform per window, for the band floor and DTMF
+        # One transform per window, read by the band floor and by the DTMF feature.
+        spectrum = np.zeros((n, WINDOW_SAMPLES // 2 + 1))
         passing: list[int] = []
         for bank, idx in by_bank.items():
             members = [batch[i] for i in idx]
             rows = np.fromiter((s._gate_row for s in members), dtype=np.intp, count=len(idx))
             adapt = np.fromiter((s.gate_adapt for s in members), dtype=np.bool_, count=len(idx))
             sel = np.asarray(idx, dtype=np.intp) if len(idx) < n else slice(None)
+            spectrum[sel] = hann_power(windows[sel])
             floor = bank.settings.min_level_dbfs
             readings = bank.process(rows, windows[sel], adapt, spectrum[sel])
             for i, reading in zip(idx, readings, strict=True):
