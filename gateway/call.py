@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-
 from bus import Bus, CallInfo
 from vad import (
     BargeInPolicy,
