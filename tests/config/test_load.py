@@ -161,6 +161,22 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
         True,
         "keep",
     )
+    assert b.band_snr_db == 10.0
+
+
+def test_barge_in_section_reaches_the_call_settings() -> None:
+    from gateway.server import call_settings_from
+    from vad import BargeInSettings
+
+    cfg = parse_config(
+        "default_agent: support\nagents:\n  support:\n    llm: {provider: scripted}\n"
+        "    barge_in: {band_snr_db: 99, echo_margin_db: 9, commit_ms: 500}\n",
+        source="inline.yaml",
+    )
+    settings = call_settings_from(cfg.agents["support"].barge_in)
+    assert settings.barge_in.band_snr_db == 99.0  # the band path off for this agent
+    assert settings.barge_in.commit_ms == 500.0 and settings.echo.echo_margin_db == 9.0
+    assert BargeInSettings().band_snr_db == 10.0
 
 
 def test_agent_for_number_falls_back_to_the_default(tmp_path: Path) -> None:
