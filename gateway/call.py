@@ -141,7 +141,7 @@ class CallSession:
         self._transcribe_inline = transcribe_inline
         self._stt_stream: Any = None
         self._stt_backchannel = False
-        self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)
+        self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
         self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
 
@@ -230,11 +230,10 @@ class CallSession:
         samples = ulaw_to_float32(msg.payload)
         self._samples += len(samples)
         if self._transcriber is not None:
-            pcm = ulaw_to_pcm16(msg.payload)
             if self._stt_stream is not None:
-                self._stt_stream.feed(pcm)
+                self._stt_stream.feed(ulaw_to_pcm16(msg.payload))
             else:
-                self._preroll.append(pcm)
+                self._preroll.append(msg.payload)
         # Twilio's timestamp tells where this audio sits, gaps (lost packets) included.
         self._media_end_ms = max(self._media_end_ms + len(samples) / 8,
                                  msg.timestamp_ms + len(samples) / 8)
@@ -302,8 +301,8 @@ class CallSession:
             return
         self._stt_stream = self._transcriber.open_stream(sample_rate=SAMPLE_RATE)
         self._stt_backchannel = False
-        for pcm in self._preroll:
-            self._stt_stream.feed(pcm)
+        for ulaw in self._preroll:
+            self._stt_stream.feed(ulaw_to_pcm16(ulaw))
         self._preroll.clear()
 
     async def _finish_transcription(self) -> None:
