@@ -161,9 +161,10 @@ STT_KEY_VAR = "CALLGATE_BENCH_STT_KEY"
 _BOT = {"always": "bot always talking", "once": "bot speaks once per call", "never": "bot silent"}
 
 
-def bench_config(stt_port: int | None) -> str:
+def bench_config(stt_port: int | None, chunk_ms: int | None = None) -> str:
     """The shipped config, with room for every call (``server.max_calls``) and, given
-    ``stt_port``, every agent's speech to text on the bench worker's stub OpenAI endpoint."""
+    ``stt_port``, every agent's speech to text on the bench worker's stub OpenAI endpoint;
+    ``chunk_ms`` sets every agent's ``barge_in.playback_chunk_ms``."""
     import yaml
 
     from config import DEFAULT_CONFIG
@@ -175,6 +176,9 @@ def bench_config(stt_port: int | None) -> str:
             agent["stt"] = {"provider": "openai", "model": "whisper-1",
                             "base_url": f"http://127.0.0.1:{stt_port}/v1",
                             "api_key": "${" + STT_KEY_VAR + "}", "language": "en-US"}
+    if chunk_ms is not None:
+        for agent in (cfg.get("agents") or {}).values():
+            agent.setdefault("barge_in", {})["playback_chunk_ms"] = chunk_ms
     return str(yaml.safe_dump(cfg, sort_keys=False))
 
 
@@ -217,7 +221,7 @@ class System:
             os.sched_setaffinity(self.redis.pid, {self.load_cpu})
         config = self.workdir / "agents.yaml"
         stt_port = _free_port() if self.args.stt == "remote" else None
-        config.write_text(bench_config(stt_port))
+        config.write_text(bench_config(stt_port, self.args.chunk_ms))
         self.port = self.args.port or _free_port()
         env = {**os.environ, "CALLGATE_VALIDATE_SIGNATURES": "false", "PYTHONUNBUFFERED": "1",
                STT_KEY_VAR: "bench"}
@@ -587,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generators", type=int, default=1,
                    help="load generator processes (all on the load CPU)")
     p.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto")
+    p.add_argument("--chunk-ms", type=int, default=None,
+                   help="bot audio per outbound media message (barge_in.playback_chunk_ms; "
+                        "default: the shipped config's, 40)")
     p.add_argument("--vad-max-wait-ms", type=float, default=5.0,
                    help="the gateway's VAD batching wait (callgate serve --vad-max-wait-ms)")
     p.add_argument("--bot", choices=("always", "once", "never"), default="always",

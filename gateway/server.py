@@ -356,6 +356,7 @@ def call_settings_from(barge_in: Any) -> CallSettings:
         echo=replace(EchoGateSettings(), echo_margin_db=b.echo_margin_db,
                      noise_margin_db=b.noise_margin_db),
         playback_lead_ms=b.playback_lead_ms,
+        chunk_ms=b.playback_chunk_ms,
         dtmf_interrupts=b.dtmf_interrupts,
         speech_over_uninterruptible=b.speech_over_uninterruptible,
     )

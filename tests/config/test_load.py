@@ -170,12 +170,14 @@ def test_barge_in_section_reaches_the_call_settings() -> None:
 
     cfg = parse_config(
         "default_agent: support\nagents:\n  support:\n    llm: {provider: scripted}\n"
-        "    barge_in: {band_snr_db: 99, echo_margin_db: 9, commit_ms: 500}\n",
+        "    barge_in: {band_snr_db: 99, echo_margin_db: 9, commit_ms: 500,\n"
+        "               playback_chunk_ms: 80}\n",
         source="inline.yaml",
     )
     settings = call_settings_from(cfg.agents["support"].barge_in)
     assert settings.barge_in.band_snr_db == 99.0  # the band path off for this agent
     assert settings.barge_in.commit_ms == 500.0 and settings.echo.echo_margin_db == 9.0
+    assert settings.chunk_ms == 80
     assert BargeInSettings().band_snr_db == 10.0
 
 
