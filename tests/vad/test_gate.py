@@ -153,8 +153,8 @@ def test_features_tell_dtmf_and_voice() -> None:
 
 
 async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
-    """30 gated calls at once through one engine: every window's probability, gate reading
-    and features equal the same call's run alone, one window at a time."""
+    """30 gated calls at once through one engine, with two agents' gate settings: every
+    window's probability, gate reading and features equal the same call's run alone."""
     names = caller_recordings()
     runtime = load_runtime("onnx")
     frames = 160
@@ -166,7 +166,9 @@ async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
             async def one(i: int, name: str) -> None:
                 audio = recording(name)[: 8000 * 4]
                 bot = _bot(name)
-                stream = engine.open_stream(echo=EchoGateSettings())
+                # Two agents' tunings: two banks, whose rows share the engine's batches.
+                settings = EchoGateSettings(echo_margin_db=8.0 if i % 2 else 10.0)
+                stream = engine.open_stream(echo=settings)
                 plain = engine.open_stream() if i == 0 else None  # no gate: no reading
                 got = []
                 sent = 0
@@ -202,6 +204,7 @@ async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
                     await one(i, n)
             if together:
                 assert engine.stats.windows / engine.stats.batches > 4  # really batched
+                assert len(engine._banks) == 2
         return out
 
     group = (names * 2)[:30]
