@@ -344,8 +344,11 @@ class VadEngine:
         self._ready.pop(stream, None)
         self._zero_slot(stream._slot)
         self._free_slots.append(stream._slot)
-        if stream._bank is not None:
-            stream._bank.close_row(stream._gate_row)
+        bank = stream._bank
+        if bank is not None:
+            bank.close_row(stream._gate_row)
+            if bank.open_rows == 0 and self._banks.get(bank.settings) is bank:
+                del self._banks[bank.settings]  # settings no call uses any more (a reload)
         if self._lifecycle is _EngineState.RUNNING and self._ready:
             self._flush()
 

@@ -161,6 +161,7 @@ async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
 
     async def run(group: list[str], together: bool) -> dict[int, list[tuple[object, ...]]]:
         out: dict[int, list[tuple[object, ...]]] = {}
+        banks: set[int] = set()
         async with VadEngine(runtime=runtime, max_wait_ms=50.0) as engine:
 
             async def one(i: int, name: str) -> None:
@@ -169,6 +170,7 @@ async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
                 # Two agents' tunings: two banks, whose rows share the engine's batches.
                 settings = EchoGateSettings(echo_margin_db=8.0 if i % 2 else 10.0)
                 stream = engine.open_stream(echo=settings)
+                banks.add(id(engine._banks[settings]))
                 plain = engine.open_stream() if i == 0 else None  # no gate: no reading
                 got = []
                 sent = 0
@@ -204,7 +206,8 @@ async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
                     await one(i, n)
             if together:
                 assert engine.stats.windows / engine.stats.batches > 4  # really batched
-                assert len(engine._banks) == 2
+                assert len(banks) == 2
+            assert engine._banks == {}  # every call closed: no bank kept for old settings
         return out
 
     group = (names * 2)[:30]
