@@ -242,6 +242,14 @@ class Bus(abc.ABC):
             raise EventError(f"event {kind!r} is not JSON-able: {exc}") from exc
         return stamped, eid, payload
 
+    @staticmethod
+    def _encode_context(call_sid: str, context: dict[str, Any]) -> str:
+        """A call's context as the compact JSON every bus stores (``save_context``)."""
+        try:
+            return json.dumps(context, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise EventError(f"context of {call_sid} is not JSON-able: {exc}") from exc
+
 
 _BAD_NAME = re.compile(r"[{}\s]")
 

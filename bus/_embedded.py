@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
-from ._errors import BusClosedError, CallOwnershipError, EventError, OwnershipLostError
+from ._errors import BusClosedError, CallOwnershipError, OwnershipLostError
 
 __all__ = ["EmbeddedBus", "EmbeddedHub"]
 
@@ -199,14 +199,19 @@ class EmbeddedBus(Bus):
         hub.claim_signal.notify()
 
     async def publish(self, call_sid: str, event: Event) -> str:
+        return self._append(call_sid, event, uplink=True)
+
+    def _append(self, call_sid: str, event: Event, *, uplink: bool) -> str:
+        """``publish`` (uplink) and ``send`` (downlink): stamp, append, wake the readers."""
         check_name(call_sid, "call_sid")
         hub = self._check_open()
         _, eid, payload = self._stamp(event)
         call = hub.call(call_sid)
         if call.closed:
-            log.debug("bus: %s published to closed call %s: dropped", event.get("type"), call_sid)
+            log.debug("bus: %s %s to closed call %s: dropped", event.get("type"),
+                      "published" if uplink else "sent", call_sid)
             return eid
-        call.up.append(payload)
+        (call.up if uplink else call.down).append(payload)
         call.signal.notify()
         return eid
 
@@ -355,16 +360,7 @@ class EmbeddedBus(Bus):
             call.pending.pop(index, None)
 
     async def send(self, call_sid: str, event: Event) -> str:
-        check_name(call_sid, "call_sid")
-        hub = self._check_open()
-        _, eid, payload = self._stamp(event)
-        call = hub.call(call_sid)
-        if call.closed:
-            log.debug("bus: %s sent to closed call %s: dropped", event.get("type"), call_sid)
-            return eid
-        call.down.append(payload)
-        call.signal.notify()
-        return eid
+        return self._append(call_sid, event, uplink=False)
 
     async def save_context(
         self, call_sid: str, context: dict[str, Any], *, through: str | None = None
@@ -373,10 +369,7 @@ class EmbeddedBus(Bus):
         hub = self._check_open()
         if through is not None and _msg_index(through) is None:
             raise ValueError(f"through={through!r} is not an uplink message id of this bus")
-        try:
-            payload = json.dumps(context, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise EventError(f"context of {call_sid} is not JSON-able: {exc}") from exc
+        payload = self._encode_context(call_sid, context)
         call = hub.call(call_sid)
         call.ctx = payload
         if through is not None:

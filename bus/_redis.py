@@ -77,7 +77,6 @@ from ._errors import (
     BusClosedError,
     BusUnavailableError,
     CallOwnershipError,
-    EventError,
     OwnershipLostError,
 )
 from ._retry import Op, OutboundBuffer, is_critical, make_backoff, make_retry
@@ -960,10 +959,7 @@ class RedisBus(Bus):
         await self._open()
         if through is not None:
             parse_stream_id(through)
-        try:
-            payload = json.dumps(context, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise EventError(f"context of {call_sid} is not JSON-able: {exc}") from exc
+        payload = self._encode_context(call_sid, context)
         ctx = self._key(call_sid, "ctx")
         fields: list[Any] = ["ctx", payload, "by", self.bus_id]
         if through is not None:

@@ -13,9 +13,9 @@ import asyncio
 import openai
 from openai import AsyncOpenAI
 
-from gateway.audio import TELEPHONY_RATE, AudioError
+from gateway.audio import TELEPHONY_RATE
 
-from ._audio import encode_wav_pcm16
+from ._audio import _check_rate, encode_wav_pcm16
 from ._errors import (
     StreamClosedError,
     StreamFinishedError,
@@ -74,8 +74,7 @@ class OpenAITranscriber:
         Raises:
             gateway.audio.AudioError: ``sample_rate`` is not a positive integer.
         """
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate <= 0:
-            raise AudioError(f"sample_rate must be a positive integer, got {sample_rate!r}")
+        _check_rate("sample_rate", sample_rate)
         return OpenAIStream(self, sample_rate=sample_rate)
 
     async def transcribe_wav(self, wav: bytes) -> Transcript:
