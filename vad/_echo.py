@@ -48,7 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EchoGate", "EchoGateBank", "EchoGateSettings", "GateReading", "hann_power"]
+from ._features import hann_power
+
+__all__ = ["EchoGate", "EchoGateBank", "EchoGateSettings", "GateReading"]
 
 HOP = 64  # samples per hop (8 ms at 8 kHz)
 _FLOOR_DB = -100.0
@@ -63,16 +65,6 @@ Floats = npt.NDArray[np.float64]
 
 def _db(energy: np.ndarray | float) -> np.ndarray | float:
     return 10.0 * np.log10(np.maximum(energy, 1e-10))
-
-
-_HANN = np.hanning(256)
-
-
-def hann_power(windows: np.ndarray) -> Floats:
-    """Power spectra of 256-sample windows (rows), Hann-windowed: what the band floor reads,
-    and what the DTMF feature reads (the engine computes it once for both)."""
-    w = np.asarray(windows, dtype=np.float64)
-    return np.abs(np.fft.rfft(w * _HANN[: w.shape[1]], 256, axis=1)) ** 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +142,27 @@ class EchoGateBank:
     playback lead, 240 ms, ahead). Not thread-safe.
     """
 
+    # Per-row state, one row per call (allocated and reset from _row_state).
+    _ref: Floats
+    _ref_db: Floats
+    _hop: npt.NDArray[np.int64]
+    _last_active: npt.NDArray[np.int64]
+    _windows: npt.NDArray[np.int64]
+    _active_hops: npt.NDArray[np.int64]
+    _sums: Floats
+    _lag: npt.NDArray[np.int64]
+    _locked_hops: npt.NDArray[np.int64]
+    _lag_corr: Floats
+    _erl: Floats
+    _erl_max: Floats
+    _tail: Floats
+    _noise: Floats
+    _noise_i: npt.NDArray[np.int64]
+    _noise_at: npt.NDArray[np.int64]
+    _noise_db: Floats
+    _floor: Floats
+    _floor_set: npt.NDArray[np.bool_]
+
     def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = 8000) -> None:
         self.settings = s = settings or EchoGateSettings()
         self._hop_s = HOP / sample_rate
@@ -169,63 +182,46 @@ class EchoGateBank:
         self._alloc(_INITIAL_ROWS)
 
     # -- rows --------------------------------------------------------------------------------
+    def _row_state(self) -> list[tuple[str, tuple[int, ...], float, type]]:
+        """Every per-row array: (attribute, shape of a row, a new call's value, dtype)."""
+        s, f64, i64 = self.settings, np.float64, np.int64
+        return [
+            ("_ref", (_RING,), 0.0, f64),  # reference energy per hop
+            # ... and in dB, kept in step with _ref: the correlation reads it every window, and
+            # a log per hop per lag per window was the gate's dearest operation.
+            ("_ref_db", (_RING,), _FLOOR_DB, f64),
+            ("_hop", (), 0, i64),  # next inbound hop
+            ("_last_active", (), -(10**9), i64),
+            ("_windows", (), 0, i64),
+            ("_active_hops", (), 0, i64),
+            ("_sums", (6, self._nlag), 0.0, f64),  # w, x, y, xx, yy, xy per lag
+            ("_lag", (), -1, i64),  # locked lag in hops, -1: none
+            ("_locked_hops", (), 0, i64),  # hops heard while locked
+            ("_lag_corr", (), 0.0, f64),
+            ("_erl", (), s.default_erl_db, f64),
+            ("_erl_max", (), s.default_erl_db, f64),
+            ("_tail", (), 0.0, f64),
+            ("_noise", (self._nwin,), 0.0, f64),
+            ("_noise_i", (), 0, i64),
+            ("_noise_at", (), 0, i64),
+            ("_noise_db", (), -70.0, f64),
+            ("_floor", (len(self._band),), 0.0, f64),  # the band's floor per bin, dB
+            ("_floor_set", (), False, np.bool_),
+        ]
+
     def _alloc(self, rows: int) -> None:
         old = self._rows
-        n, s = self._nlag, self.settings
-
-        def grow(a: np.ndarray | None, shape: tuple[int, ...], fill: float, dtype: type) -> np.ndarray:
-            new = np.full((rows, *shape), fill, dtype=dtype)
-            if a is not None:
-                new[:old] = a
-            return new
-
-        first = old == 0
-        g = (lambda name: None) if first else (lambda name: getattr(self, name))
-        self._ref = grow(g("_ref"), (_RING,), 0.0, np.float64)  # reference energy per hop
-        # ... and in dB, kept in step with _ref: the correlation reads it every window, and a
-        # log per hop per lag per window was the gate's dearest operation.
-        self._ref_db = grow(g("_ref_db"), (_RING,), _FLOOR_DB, np.float64)
-        self._hop = grow(g("_hop"), (), 0, np.int64)  # next inbound hop
-        self._last_active = grow(g("_last_active"), (), -(10**9), np.int64)
-        self._windows = grow(g("_windows"), (), 0, np.int64)
-        self._active_hops = grow(g("_active_hops"), (), 0, np.int64)
-        self._sums = grow(g("_sums"), (6, n), 0.0, np.float64)  # w, x, y, xx, yy, xy per lag
-        self._lag = grow(g("_lag"), (), -1, np.int64)  # locked lag in hops, -1: none
-        self._locked_hops = grow(g("_locked_hops"), (), 0, np.int64)  # hops heard while locked
-        self._lag_corr = grow(g("_lag_corr"), (), 0.0, np.float64)
-        self._erl = grow(g("_erl"), (), s.default_erl_db, np.float64)
-        self._erl_max = grow(g("_erl_max"), (), s.default_erl_db, np.float64)
-        self._tail = grow(g("_tail"), (), 0.0, np.float64)
-        self._noise = grow(g("_noise"), (self._nwin,), 0.0, np.float64)
-        self._noise_i = grow(g("_noise_i"), (), 0, np.int64)
-        self._noise_at = grow(g("_noise_at"), (), 0, np.int64)
-        self._noise_db = grow(g("_noise_db"), (), -70.0, np.float64)
-        self._floor = grow(g("_floor"), (len(self._band),), 0.0, np.float64)  # band floor, dB
-        self._floor_set = grow(g("_floor_set"), (), False, np.bool_)
+        for name, shape, fill, dtype in self._row_state():
+            grown = np.full((rows, *shape), fill, dtype=dtype)
+            if old:
+                grown[:old] = getattr(self, name)
+            setattr(self, name, grown)
         self._free.extend(range(rows - 1, old - 1, -1))
         self._rows = rows
 
     def _reset(self, row: int) -> None:
-        s = self.settings
-        self._ref[row] = 0.0
-        self._ref_db[row] = _FLOOR_DB
-        self._hop[row] = 0
-        self._last_active[row] = -(10**9)
-        self._windows[row] = 0
-        self._active_hops[row] = 0
-        self._sums[row] = 0.0
-        self._lag[row] = -1
-        self._locked_hops[row] = 0
-        self._lag_corr[row] = 0.0
-        self._erl[row] = s.default_erl_db
-        self._erl_max[row] = s.default_erl_db
-        self._tail[row] = 0.0
-        self._noise[row] = 0.0
-        self._noise_i[row] = 0
-        self._noise_at[row] = 0
-        self._noise_db[row] = -70.0
-        self._floor[row] = 0.0
-        self._floor_set[row] = False
+        for name, _, fill, _ in self._row_state():
+            getattr(self, name)[row] = fill
 
     def open_row(self) -> int:
         """A fresh row (a new call's gate)."""

@@ -59,8 +59,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from ._echo import EchoGateBank, EchoGateSettings, GateReading, hann_power
-from ._features import BAND_CANDIDATE_DB, WindowFeatures, features_batch
+from ._echo import EchoGateBank, EchoGateSettings, GateReading
+from ._features import BAND_CANDIDATE_DB, WindowFeatures, features_batch, hann_power
 from ._silero import (
     CONTEXT_SAMPLES,
     INPUT_SAMPLES,
@@ -453,6 +453,7 @@ class VadEngine:
         if not by_bank:
             return gates, feats
         windows = x[:, CONTEXT_SAMPLES:]
+        wide = windows.astype(np.float64)  # the precision gate and features compute in, once
         # One transform per window, read by the band floor and by the DTMF feature.
         spectrum = np.zeros((n, WINDOW_SAMPLES // 2 + 1))
         passing: list[int] = []
@@ -461,9 +462,10 @@ class VadEngine:
             rows = np.fromiter((s._gate_row for s in members), dtype=np.intp, count=len(idx))
             adapt = np.fromiter((s.gate_adapt for s in members), dtype=np.bool_, count=len(idx))
             sel = np.asarray(idx, dtype=np.intp) if len(idx) < n else slice(None)
-            spectrum[sel] = hann_power(windows[sel])
+            mine = wide[sel]
+            spectrum[sel] = power = hann_power(mine)
             floor = bank.settings.min_level_dbfs
-            readings = bank.process(rows, windows[sel], adapt, spectrum[sel])
+            readings = bank.process(rows, mine, adapt, power)
             for i, reading in zip(idx, readings, strict=True):
                 gates[i] = reading
                 feats[i] = _NO_FEATURES
@@ -475,7 +477,7 @@ class VadEngine:
                     passing.append(i)
         if passing:
             p = np.asarray(passing, dtype=np.intp)
-            got = features_batch(windows[p], self._tail[slots[p]], spectrum=spectrum[p])
+            got = features_batch(wide[p], self._tail[slots[p]], spectrum=spectrum[p])
             for i, f in zip(passing, got, strict=True):
                 feats[i] = f
         self._tail[slots] = windows[:, -_TAIL:]
@@ -613,11 +615,6 @@ class VadStream:
             return []
         self._claimed = target
         return self._collect(start, target)
-
-    @property
-    def has_gate(self) -> bool:
-        """Whether the stream carries an echo/noise gate (opened with ``echo`` settings)."""
-        return self._bank is not None
 
     def add_reference(self, start_sample: int, samples: npt.NDArray[np.floating]) -> None:
         """The bot's audio that plays on this call's line from inbound sample ``start_sample``

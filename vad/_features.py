@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BAND_CANDIDATE_DB", "WindowFeatures", "features_batch", "window_features"]
+__all__ = ["BAND_CANDIDATE_DB", "WindowFeatures", "features_batch", "hann_power",
+           "window_features"]
 
 BAND_CANDIDATE_DB = 6.0
 """The engine computes features for windows that fail the gate only on echo-free lines and only
@@ -42,6 +43,13 @@ def _band_bins(freqs: tuple[float, ...]) -> list[np.ndarray]:
 
 _LOW_BINS = _band_bins(_LOW)
 _HIGH_BINS = _band_bins(_HIGH)
+
+
+def hann_power(windows: np.ndarray) -> np.ndarray:
+    """Power spectra of 256-sample windows (rows), Hann-windowed: what the DTMF feature reads,
+    and the echo gate's band floor (the engine computes it once for both)."""
+    w = np.asarray(windows, dtype=np.float64)
+    return np.abs(np.fft.rfft(w * _HANN[: w.shape[1]], _N, axis=1)) ** 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +91,7 @@ def features_batch(windows: np.ndarray, previous: np.ndarray,
         if ok.any():
             a0 = ac[ok, :1]
             voicing[ok] = np.max(ac[ok][:, lags] / a0 * (n / (n - lags)), axis=1)
-    m = min(w.shape[1], _N)
-    if spectrum is not None:  # the same Hann power spectrum, computed by the caller
-        p = np.asarray(spectrum, dtype=np.float64)
-    else:
-        p = np.abs(np.fft.rfft(w[:, :m] * _HANN[:m], _N, axis=1)) ** 2
+    p = hann_power(w[:, :_N]) if spectrum is None else np.asarray(spectrum, dtype=np.float64)
     total = p.sum(axis=1)
     lo = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _LOW_BINS]), axis=0)
     hi = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _HIGH_BINS]), axis=0)

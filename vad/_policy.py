@@ -173,10 +173,7 @@ class BargeInPolicy:
                 self._quiet = 0
                 self._suppressed_this_turn = False
                 if bot is BotState.INTERRUPTIBLE:
-                    self.state = PolicyState.PAUSED
-                    self._speech_ms = self._run * WINDOW_MS
-                    self._paused_ms = 0.0
-                    out.append(Decision.PAUSE)
+                    self._pause(out)
                     if not s.resume_on_backchannel:
                         self.state = PolicyState.INTERRUPTED
                         out.append(Decision.COMMIT)
@@ -195,10 +192,7 @@ class BargeInPolicy:
                 out.append(Decision.SUPPRESSED)
             elif bot is BotState.INTERRUPTIBLE and self._run >= s.start_windows:
                 # The bot started (or came back) while the caller was already talking.
-                self.state = PolicyState.PAUSED
-                self._speech_ms = self._run * WINDOW_MS
-                self._paused_ms = 0.0
-                out.append(Decision.PAUSE)
+                self._pause(out)
         elif self.state is PolicyState.PAUSED:
             self._paused_ms += WINDOW_MS
             if caller:
@@ -218,6 +212,13 @@ class BargeInPolicy:
             out.append(Decision.SPEECH_STOPPED)
             self._reset_idle()
         return out
+
+    def _pause(self, out: list[Decision]) -> None:
+        """Hold the bot (``clear``) with the caller's run so far counted as speech."""
+        self.state = PolicyState.PAUSED
+        self._speech_ms = self._run * WINDOW_MS
+        self._paused_ms = 0.0
+        out.append(Decision.PAUSE)
 
     def _reset_idle(self) -> None:
         self.state = PolicyState.IDLE
