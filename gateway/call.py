@@ -42,7 +42,7 @@ from vad import (
 )
 
 from . import twilio_protocol as tp
-from .audio import ulaw_to_float32, ulaw_to_pcm16
+from .audio import TELEPHONY_RATE, ulaw_to_float32, ulaw_to_pcm16
 from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
 from .timeline import Timeline
 
@@ -50,7 +50,6 @@ __all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
 
 log = logging.getLogger("callgate.call")
 
-SAMPLE_RATE = 8000
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
 
@@ -128,7 +127,6 @@ class CallSession:
         self._authorize = authorize or _accept_any
         self._on_end = on_end
         self._stream: VadStream | None = None
-        self._samples = 0  # inbound samples received (media clock)
         self._media_end_ms = 0.0
         self._paused_utterance: str | None = None
         self._over_uninterruptible = False
@@ -228,7 +226,6 @@ class CallSession:
         if msg.track not in ("inbound", "inbound_track"):
             return
         samples = ulaw_to_float32(msg.payload)
-        self._samples += len(samples)
         if self._transcriber is not None:
             if self._stt_stream is not None:
                 self._stt_stream.feed(ulaw_to_pcm16(msg.payload))
@@ -278,7 +275,7 @@ class CallSession:
             await self._clear(reason="barge_in", utterance_id=u.id,
                               onset_ms=self.policy.caller_onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms)
-            await self._apply(out, clear_done=True)
+            await self._apply(out)
         elif d is Decision.COMMIT:
             await self._interrupt(reason="speech")
         elif d is Decision.RESUME:
@@ -299,7 +296,7 @@ class CallSession:
     def _start_transcription(self) -> None:
         if self._transcriber is None or self._stt_stream is not None:
             return
-        self._stt_stream = self._transcriber.open_stream(sample_rate=SAMPLE_RATE)
+        self._stt_stream = self._transcriber.open_stream(sample_rate=TELEPHONY_RATE)
         self._stt_backchannel = False
         for ulaw in self._preroll:
             self._stt_stream.feed(ulaw_to_pcm16(ulaw))
@@ -340,7 +337,7 @@ class CallSession:
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
         if self._stream is not None:
-            self._stream.clear_reference_from(int(self.now_ms * SAMPLE_RATE / 1000))
+            self._stream.clear_reference_from(int(self.now_ms * TELEPHONY_RATE / 1000))
         self.emit("clear_sent", **fields)
 
     async def _interrupt(self, *, reason: str) -> None:
@@ -351,7 +348,7 @@ class CallSession:
             return
         if out.clear:
             await self._clear(reason=reason, utterance_id=u.id)
-        await self._apply(out, clear_done=True)
+        await self._apply(out)
         self.emit("barge_in", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node, reason=reason)
         await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node,
                            reason=reason)
@@ -417,9 +414,9 @@ class CallSession:
         if self._hangup_requested and self.playback.current is None:
             await self.end("hangup")
 
-    async def _apply(self, out: Outcome, *, clear_done: bool = False) -> None:
-        if out.clear and not clear_done:
-            await self._clear(reason="playback")
+    async def _apply(self, out: Outcome) -> None:
+        """Events and chunks of a playback step. A step that empties Twilio's buffer (pause,
+        interrupt) comes from a decision that sends its own ``clear``, with its reason."""
         for ev in out.events:
             fields = {k: v for k, v in ev.items() if k != "type"}
             self.emit(ev["type"], **fields)
@@ -434,7 +431,7 @@ class CallSession:
         await self._send(tp.media_message(self.stream_sid, chunk.payload))
         await self._send(tp.mark_message(self.stream_sid, chunk.mark))
         if self._stream is not None:
-            start = int(round(chunk.play_at_ms * SAMPLE_RATE / 1000))
+            start = int(round(chunk.play_at_ms * TELEPHONY_RATE / 1000))
             self._stream.add_reference(start, ulaw_to_float32(chunk.payload))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -453,9 +450,8 @@ class CallSession:
         for task in list(self._stt_tasks):
             task.cancel()
         if was_streaming and self.info is not None:
-            self.timeline.emit(self.now_ms, "call_ended", reason=reason)
-            await self._bus.publish(self.info.call_sid,
-                                    {"type": "call_ended", "t_ms": self.now_ms, "reason": reason})
+            self.emit("call_ended", reason=reason)
+            await self.publish("call_ended", reason=reason)
             await self._bus.close_call(self.info.call_sid)
             self._log.info("call ended (%s) after %.1f s", reason, self.now_ms / 1000)
         self._closed.set()

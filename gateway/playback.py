@@ -59,15 +59,10 @@ class Utterance:
     sent: int = 0  # bytes handed to Twilio (this playout)
     heard: int = 0  # bytes confirmed played by echoed marks
     state: UtteranceState = UtteranceState.QUEUED
-    started_at_ms: float | None = None
 
     @property
     def heard_ms(self) -> float:
         return self.heard / BYTES_PER_MS
-
-    @property
-    def duration_ms(self) -> float:
-        return len(self.audio) / BYTES_PER_MS
 
     def describe(self) -> dict[str, Any]:
         return {"utterance_id": self.id, "node": self.node, "interruptible": self.interruptible}
@@ -96,7 +91,6 @@ class Outcome:
 class _PendingMark:
     utterance_id: str
     end: int  # byte offset in the utterance once this mark's audio has played
-    last: bool  # the utterance's final chunk (if it had ended when sent)
 
 
 class Playback:
@@ -168,7 +162,6 @@ class Playback:
                 if not u.audio and not u.ended:
                     break  # nothing to play yet
                 u.state = UtteranceState.PLAYING
-                u.started_at_ms = self.line_busy_until_ms
                 out.events.append({"type": "bot_utterance_started", **u.describe(),
                                    "text": u.text, "play_at_ms": self.line_busy_until_ms})
             while u.sent < len(u.audio) and self.line_busy_until_ms - now_ms < self.lead_ms:
@@ -177,14 +170,12 @@ class Playback:
                     break  # wait for the rest of the chunk
                 u.sent += len(payload)
                 name = f"{u.id}#{next(self._seq)}"
-                last = u.ended and u.sent >= len(u.audio)
-                self._pending[name] = _PendingMark(u.id, u.sent, last)
+                self._pending[name] = _PendingMark(u.id, u.sent)
                 out.chunks.append(Chunk(u.id, payload, name, self.line_busy_until_ms))
                 self.line_busy_until_ms += len(payload) / BYTES_PER_MS
-            if u.ended and u.sent >= len(u.audio):
-                if not any(m.utterance_id == u.id for m in self._pending.values()):
-                    self._finish(u, out, now_ms)
-                    continue
+            if self._all_heard(u):
+                self._finish(u, out, now_ms)
+                continue
             break
         return out
 
@@ -201,15 +192,15 @@ class Playback:
         if u is None:
             return out
         u.heard = max(u.heard, m.end)
-        if (
-            u.state is UtteranceState.PLAYING
-            and u.ended
-            and u.sent >= len(u.audio)
-            and not any(p.utterance_id == u.id for p in self._pending.values())
-        ):
+        if u.state is UtteranceState.PLAYING and self._all_heard(u):
             self._finish(u, out, now_ms)
             out.chunks.extend(self.pump(now_ms).chunks)
         return out
+
+    def _all_heard(self, u: Utterance) -> bool:
+        """All of ``u`` is out and every mark sent for it has come back."""
+        return (u.ended and u.sent >= len(u.audio)
+                and not any(m.utterance_id == u.id for m in self._pending.values()))
 
     def _finish(self, u: Utterance, out: Outcome, now_ms: float) -> None:
         u.state = UtteranceState.FINISHED

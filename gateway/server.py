@@ -36,12 +36,12 @@ from aiohttp import WSMsgType, web
 from twilio.twiml.voice_response import Connect, Say, Stream, VoiceResponse
 
 from bus import Bus, CallInfo
-from vad import VadEngine
+from vad import BargeInSettings, EchoGateSettings, VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
-from .security import CallTokens, InvalidToken, SignatureValidator
+from .security import SIGNATURE_HEADER, CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
 __all__ = [
@@ -116,7 +116,6 @@ class GatewayApp:
         self.completed: deque[dict[str, object]] = deque(maxlen=256)
         """Summaries of recently ended calls (for operators and tests)."""
         self.draining = False
-        self._tasks: set[asyncio.Task[None]] = set()
         self.metrics = GatewayMetrics(self._metrics_state)
         if not settings.validate_signatures:
             log.warning(
@@ -135,12 +134,12 @@ class GatewayApp:
         ]
 
     def _metrics_state(self) -> dict[str, object]:
-        stats = self.vad.stats if self.vad is not None else None
+        stats = self.vad.stats
         return {
             "calls": len(self.calls),
             "draining": self.draining,
-            "vad_batches": stats.batches if stats else 0,
-            "vad_windows": stats.windows if stats else 0,
+            "vad_batches": stats.batches,
+            "vad_windows": stats.windows,
             "bus": self.bus.stats(),
         }
 
@@ -180,7 +179,7 @@ class GatewayApp:
         voice_url, media_url = _public_urls(self.settings, request)
         if request.query_string:
             voice_url = f"{voice_url}?{request.query_string}"
-        if not self._signature_ok(voice_url, request.headers.get("X-Twilio-Signature"), form):
+        if not self._signature_ok(voice_url, request.headers.get(SIGNATURE_HEADER), form):
             log.warning("webhook rejected: bad or missing X-Twilio-Signature for %s", voice_url)
             raise web.HTTPForbidden(text="invalid Twilio signature")
         call_sid = form.get("CallSid", "")
@@ -227,7 +226,7 @@ class GatewayApp:
 
     async def media_socket(self, request: web.Request) -> web.StreamResponse:
         _, media_url = _public_urls(self.settings, request)
-        if not self._signature_ok(media_url, request.headers.get("X-Twilio-Signature"), None):
+        if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None):
             log.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
         if len(self.calls) >= self.settings.max_calls + max(1, self.settings.max_calls // 10):
@@ -343,18 +342,13 @@ def token_secret_from_env() -> bytes:
 # -- from the YAML config ---------------------------------------------------------------------
 def call_settings_from(barge_in: Any) -> CallSettings:
     """Map an agent's ``barge_in`` section (config.BargeInConfig) to the call's settings."""
-    from dataclasses import replace
-
-    from vad import BargeInSettings, EchoGateSettings
-
     b = barge_in
     return CallSettings(
-        barge_in=replace(BargeInSettings(), p_on=b.p_on, p_off=b.p_off,
-                         start_windows=b.start_windows, stop_windows=b.stop_windows,
-                         commit_ms=b.commit_ms, resume_on_backchannel=b.resume_on_backchannel,
-                         band_snr_db=b.band_snr_db),
-        echo=replace(EchoGateSettings(), echo_margin_db=b.echo_margin_db,
-                     noise_margin_db=b.noise_margin_db),
+        barge_in=BargeInSettings(p_on=b.p_on, p_off=b.p_off, start_windows=b.start_windows,
+                                 stop_windows=b.stop_windows, commit_ms=b.commit_ms,
+                                 resume_on_backchannel=b.resume_on_backchannel,
+                                 band_snr_db=b.band_snr_db),
+        echo=EchoGateSettings(echo_margin_db=b.echo_margin_db, noise_margin_db=b.noise_margin_db),
         playback_lead_ms=b.playback_lead_ms,
         chunk_ms=b.playback_chunk_ms,
         dtmf_interrupts=b.dtmf_interrupts,
