@@ -194,7 +194,9 @@ class Playback:
         u.heard = max(u.heard, m.end)
         if u.state is UtteranceState.PLAYING and self._all_heard(u):
             self._finish(u, out, now_ms)
-            out.chunks.extend(self.pump(now_ms).chunks)
+            more = self.pump(now_ms)  # the next queued utterance may start now
+            out.chunks.extend(more.chunks)
+            out.events.extend(more.events)
         return out
 
     def _all_heard(self, u: Utterance) -> bool:

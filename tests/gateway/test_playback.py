@@ -105,3 +105,20 @@ def test_non_interruptible_utterance_cannot_be_interrupted() -> None:
     u, out = pb.interrupt(40)
     assert u is None and not out.clear
     assert pb.get("pay").state is UtteranceState.PLAYING  # type: ignore[union-attr]
+
+
+def test_next_utterance_starts_when_the_last_mark_of_the_one_before_comes_back() -> None:
+    """Two utterances queued at once: the mark echo that finishes the first starts the second,
+    and both events are reported (started, finished, started, in that order)."""
+    pb = Playback(chunk_ms=40, lead_ms=240.0)
+    for uid in ("a", "b"):
+        pb.start(uid, node="n", interruptible=True)
+        pb.add_audio(uid, b"\x7f" * 320)  # one 40 ms chunk each
+        pb.end(uid)
+    first = pb.pump(0.0)
+    assert [e["type"] for e in first.events] == ["bot_utterance_started"]
+    assert len(first.chunks) == 1  # b waits until a is heard
+    out = pb.on_mark(first.chunks[0].mark, 40.0)
+    assert [(e["type"], e["utterance_id"]) for e in out.events] == [
+        ("bot_utterance_finished", "a"), ("bot_utterance_started", "b")]
+    assert [c.utterance_id for c in out.chunks] == ["b"]
