@@ -49,7 +49,7 @@ class BenchWorker:
         self.bus = bus
         self.bot = bot  # always: keep talking; once: one utterance per call; never: silent
         self.recordings = recordings
-        self.piece_bytes = piece_ms * 8
+        self.piece_ms = piece_ms
         self.max_bytes = int(max_audio_s * 8000)
         self.worker_id = worker_id
         self.counts: Counter[str] = Counter()
@@ -61,7 +61,7 @@ class BenchWorker:
         cached = self._audio.get(name)
         if cached is not None:
             return cached
-        from gateway.audio import read_wav_ulaw
+        from gateway.audio import chunk_audio, read_wav_ulaw
 
         path = self.recordings / f"{name}.bot.wav"
         if name and "/" not in name and path.exists():
@@ -70,8 +70,8 @@ class BenchWorker:
             from gateway.replay import _tone
 
             ulaw = _tone(8000.0)
-        out = [base64.b64encode(ulaw[i : i + self.piece_bytes]).decode("ascii")
-               for i in range(0, len(ulaw), self.piece_bytes)]
+        out = [base64.b64encode(piece).decode("ascii")
+               for piece in chunk_audio(ulaw, chunk_ms=self.piece_ms)]
         self._audio[name] = out
         return out
 

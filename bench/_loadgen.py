@@ -47,7 +47,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["MARK", "MEDIA", "LeanPlayout", "Recording", "load_recording", "main", "run_plan"]
+__all__ = ["MARK", "MEDIA", "LeanPlayout", "Recording", "load_recording", "main", "percentile"]
 
 FRAME_MS = 20
 TICK_S = 0.002
@@ -324,23 +324,16 @@ class Generator:
                 "cpu_s": time.process_time()}
 
 
+def percentile(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile of already sorted values, nearest rank (None when empty)."""
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
 def _summary(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"n": 0, "p50": None, "p99": None, "max": None}
-
-    def q(x: float) -> float:
-        return values[min(len(values) - 1, int(x * (len(values) - 1) + 0.5))]
-
-    return {"n": len(values), "p50": q(0.5), "p99": q(0.99), "max": values[-1]}
-
-
-async def run_plan(plan: dict[str, Any], start_at: float | None = None) -> dict[str, Any]:
-    """Play a plan in this process (``start_at`` None: half a second from now)."""
-    folder = Path(plan["recordings_dir"])
-    recordings = {n: load_recording(folder, n) for n in {c["recording"] for c in plan["calls"]}}
-    gen = Generator(plan, recordings)
-    await gen.run(start_at if start_at is not None else time.monotonic() + 0.5)
-    return gen.results()
+    return {"n": len(values), "p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
+            "max": values[-1] if values else None}
 
 
 def main(argv: list[str] | None = None) -> int:

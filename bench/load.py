@@ -345,10 +345,9 @@ def _ms(x: float | None) -> float | None:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
+    from ._loadgen import percentile
+
+    return percentile(sorted(values), q)
 
 
 def run_step(system: System, n: int, step_no: int, args: argparse.Namespace,

@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from gateway.call import CallSettings
 from vad._engine import VadEngine
 from vad._silero import (
     INPUT_SAMPLES,
@@ -111,8 +112,8 @@ def _bot_audio(folder: Path, calls: int, frames: int) -> list[Audio]:
     return out
 
 
-_LEAD = 1920  # the gateway sends bot audio up to 240 ms ahead
-_CHUNK = 320  # in 40 ms media messages
+_LEAD = int(CallSettings().playback_lead_ms) * 8  # the gateway sends bot audio this far ahead
+_CHUNK = CallSettings().chunk_ms * 8  # in media messages this long
 
 
 def _media_messages(folder: Path, calls: int, frames: int) -> list[list[str]]:

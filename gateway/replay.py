@@ -32,7 +32,7 @@ import numpy as np
 from bus import Bus, EmbeddedBus, EmbeddedHub
 
 from . import twilio_protocol as tp
-from .audio import read_wav_ulaw
+from .audio import chunk_audio, read_wav_ulaw
 from .call import CallSession, CallSettings
 from .timeline import Timeline
 from .twilio_sim import TwilioPlayout
@@ -130,9 +130,9 @@ def recording_messages(path: Path | str) -> Iterator[str]:
     yield tp.build_start(sequence_number=1, stream_sid=stream_sid, account_sid=account_sid,
                          call_sid=call_sid, tracks=["inbound"])
     seq = 2
-    for chunk, off in enumerate(range(0, len(ulaw), 160), 1):
+    for chunk, payload in enumerate(chunk_audio(ulaw, chunk_ms=FRAME_MS), 1):
         yield tp.build_media(sequence_number=seq, stream_sid=stream_sid, track="inbound",
-                             chunk=chunk, timestamp_ms=off // 8, payload=ulaw[off : off + 160])
+                             chunk=chunk, timestamp_ms=(chunk - 1) * FRAME_MS, payload=payload)
         seq += 1
     yield tp.build_stop(sequence_number=seq, stream_sid=stream_sid, account_sid=account_sid,
                         call_sid=call_sid)
