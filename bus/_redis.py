@@ -292,6 +292,9 @@ class RedisBus(Bus):
             if claim_idle_ms is not None
             else int((worker_ttl_s + heartbeat_interval_s) * 1000)
         )
+        # Entries handed back are marked this long idle, so the next claim scan anywhere
+        # takes them at once.
+        self._handed_back_idle_ms = 10 * self._claim_idle_ms + 86_400_000
         self._claim_interval = claim_interval_s
         self._claim_batch = claim_batch
         self._block_ms = int(block_ms)
@@ -477,7 +480,7 @@ class RedisBus(Bus):
                 # Mark the entries long idle so the next claim scan anywhere takes them.
                 pipe.xclaim(
                     self._calls_key, GROUP, owned.worker_id, 0, owned.entries(),
-                    idle=10 * self._claim_idle_ms + 86_400_000, justid=True,
+                    idle=self._handed_back_idle_ms, justid=True,
                 )  # fmt: skip
         try:
             await asyncio.wait_for(pipe.execute(raise_on_error=False), self._socket_timeout)
@@ -745,9 +748,9 @@ class RedisBus(Bus):
             self._enqueue(Op("give_back", info.call_sid,
                              [("EVAL", _RELEASE, 1, self._key(info.call_sid, "owner"), worker_id)]))  # fmt: skip
         if entries:
-            idle = 10 * self._claim_idle_ms + 86_400_000
             self._enqueue(Op("give_back", "", [("XCLAIM", self._calls_key, GROUP, worker_id, 0,
-                                                *entries, "IDLE", idle, "JUSTID")]))  # fmt: skip
+                                                *entries, "IDLE", self._handed_back_idle_ms,
+                                                "JUSTID")]))  # fmt: skip
 
     async def _scan_orphans(self, worker_id: str, cursor: str, taken: list[CallInfo]) -> str:
         """One XAUTOCLAIM page of idle call entries; calls taken go to ``taken``. Returns the

@@ -21,13 +21,13 @@ from ._errors import (
     StreamFinishedError,
     TranscriptionError,
 )
-from ._openai_client import openai_client
+from ._openai_client import OpenAIClientOwner
 from ._stt import StreamState, Transcript
 
 __all__ = ["OpenAIStream", "OpenAITranscriber"]
 
 
-class OpenAITranscriber:
+class OpenAITranscriber(OpenAIClientOwner):
     """Transcriber on ``audio.transcriptions.create`` (``gpt-4o-mini-transcribe``, ``whisper-1``).
 
     Args:
@@ -61,12 +61,8 @@ class OpenAITranscriber:
         self.model = model
         self.language = language
         self.prompt = prompt
-        self._owns_client = client is None
-        if client is None:
-            client = openai_client(
-                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-            )
-        self._client = client
+        self._init_client(client, api_key=api_key, base_url=base_url, max_retries=max_retries,
+                          timeout=timeout)
 
     def open_stream(self, *, sample_rate: int = TELEPHONY_RATE) -> OpenAIStream:
         """Start an utterance whose audio comes at ``sample_rate`` Hz.
@@ -117,16 +113,6 @@ class OpenAITranscriber:
         send.close()
         receive.close()
 
-    async def aclose(self) -> None:
-        """Close the HTTP client (when this object built it)."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> OpenAITranscriber:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class OpenAIStream:

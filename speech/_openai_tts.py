@@ -25,7 +25,7 @@ from gateway.audio import AudioFormatError, decode_wav_ulaw
 
 from ._audio import UlawEncoder
 from ._errors import ConfigurationError, SynthesisError
-from ._openai_client import openai_client
+from ._openai_client import OpenAIClientOwner
 
 __all__ = ["OpenAISynthesizer"]
 
@@ -50,7 +50,7 @@ def _http_error() -> type[Exception]:
 _TRANSPORT_ERRORS: Final = (openai.OpenAIError, _http_error())
 
 
-class OpenAISynthesizer:
+class OpenAISynthesizer(OpenAIClientOwner):
     """Synthesizer on ``audio.speech`` (``gpt-4o-mini-tts``, ``tts-1``...), streamed as it arrives.
 
     Args:
@@ -106,12 +106,8 @@ class OpenAISynthesizer:
         self.speed = speed
         self.response_format = response_format
         self.pcm_sample_rate = pcm_sample_rate
-        self._owns_client = client is None
-        if client is None:
-            client = openai_client(
-                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-            )
-        self._client = client
+        self._init_client(client, api_key=api_key, base_url=base_url, max_retries=max_retries,
+                          timeout=timeout)
 
     async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         """Yield the mu-law audio of ``text`` as the service sends it.
@@ -169,13 +165,3 @@ class OpenAISynthesizer:
         except AudioFormatError as exc:
             raise SynthesisError(f"speech response is not usable audio: {exc}") from exc
 
-    async def aclose(self) -> None:
-        """Close the HTTP client (when this object built it)."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> OpenAISynthesizer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
