@@ -581,6 +581,10 @@ class Config(_Model):
         _raise_problems(problems)
         return self
 
+    def agent(self, name: str) -> AgentConfig:
+        """Agent ``name``; ``default_agent`` for a name the config does not know."""
+        return self.agents.get(name) or self.agents[self.default_agent]
+
     def agent_for_number(self, to: str | None) -> AgentConfig:
         """The agent for calls to ``to`` (Twilio's ``To``); ``default_agent`` when unmapped."""
         name = self.numbers.get(to.strip()) if to else None

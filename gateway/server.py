@@ -368,8 +368,7 @@ class TranscriberCache:
         self._cache: dict[tuple[str, str], Any] = {}
 
     def agent_stt(self, agent: str) -> Any:
-        current = self._holder.current
-        return (current.agents.get(agent) or current.agents[current.default_agent]).stt
+        return self._holder.current.agent(agent).stt
 
     def __call__(self, agent: str) -> Any:
         from speech import make_transcriber
@@ -422,9 +421,7 @@ def settings_from_config(holder: Any) -> GatewaySettings:
         return str(holder.current.agent_for_number(to).name)
 
     def call_settings_for(agent: str) -> CallSettings:
-        current = holder.current
-        agent_cfg = current.agents.get(agent) or current.agents[current.default_agent]
-        return call_settings_from(agent_cfg.barge_in)
+        return call_settings_from(holder.current.agent(agent).barge_in)
 
     return GatewaySettings(
         public_url=cfg.server.public_url,
