@@ -438,19 +438,14 @@ class EchoGateBank:
         four times slower than towards "less echo": a caller who talks a lot must not teach the
         gate that the line is all echo.
         """
-        thr = self._active_e
         r = rows[sel]
         xd = x_db[sel]
-        pa = pred_aligned[sel]
-        m = (pa > thr) & locked[sel][:, None]
-        erl = self._erl[r]
-        up = (m & (_db(pa) - xd > erl[:, None])).sum(axis=1)
-        self._erl[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
-        pm = pred_max[sel]
-        m = pm > thr
-        erl = self._erl_max[r]
-        up = (m & (_db(pm) - xd > erl[:, None])).sum(axis=1)
-        self._erl_max[r] = erl + (_UP * up - _DOWN * (m.sum(axis=1) - up))
+        for erl, pred, counts in ((self._erl, pred_aligned[sel], locked[sel][:, None]),
+                                  (self._erl_max, pred_max[sel], True)):
+            m = (pred > self._active_e) & counts  # hops whose prediction carries echo
+            now = erl[r]
+            up = (m & (_db(pred) - xd > now[:, None])).sum(axis=1)
+            erl[r] = now + (_UP * up - _DOWN * (m.sum(axis=1) - up))
         # Noise floor: a percentile of recent hops. Echo raises it, which only makes the gate
         # more careful while the bot talks.
         n = self._nwin
