@@ -18,11 +18,10 @@ from gateway.audio import TELEPHONY_RATE
 from ._audio import _check_rate, encode_wav_pcm16
 from ._errors import (
     StreamClosedError,
-    StreamFinishedError,
     TranscriptionError,
 )
 from ._openai_client import OpenAIClientOwner
-from ._stt import StreamState, Transcript
+from ._stt import StreamLifecycle, StreamState, Transcript
 
 __all__ = ["OpenAIStream", "OpenAITranscriber"]
 
@@ -115,7 +114,7 @@ class OpenAITranscriber(OpenAIClientOwner):
 
 
 
-class OpenAIStream:
+class OpenAIStream(StreamLifecycle):
     """One utterance for :class:`OpenAITranscriber`: buffered, uploaded by :meth:`finish`."""
 
     def __init__(self, owner: OpenAITranscriber, *, sample_rate: int) -> None:
@@ -124,11 +123,6 @@ class OpenAIStream:
         self._audio = bytearray()
         self._state = StreamState.OPEN
         self._request: asyncio.Task[Transcript] | None = None
-
-    @property
-    def state(self) -> StreamState:
-        """Where the stream is in its lifecycle."""
-        return self._state
 
     def feed(self, pcm16: bytes) -> None:
         """Append audio (16-bit little-endian mono at the stream's rate).
@@ -186,12 +180,6 @@ class OpenAIStream:
         self._audio = bytearray()
         if self._request is not None:
             self._request.cancel()
-
-    def _check_open(self) -> None:
-        if self._state is StreamState.CLOSED:
-            raise StreamClosedError("transcription stream is closed")
-        if self._state is not StreamState.OPEN:
-            raise StreamFinishedError("the utterance is finished; open a new stream")
 
 
 def _current_task_cancelling() -> bool:

@@ -48,10 +48,9 @@ from ._errors import (
     ConfigurationError,
     EngineUnavailableError,
     StreamClosedError,
-    StreamFinishedError,
     TranscriptionError,
 )
-from ._stt import StreamState, Transcript
+from ._stt import StreamLifecycle, StreamState, Transcript
 
 __all__ = ["TELEPHONE_CMNINIT", "PocketsphinxStream", "PocketsphinxTranscriber"]
 
@@ -175,7 +174,7 @@ class PocketsphinxTranscriber:
                 self._idle.append(slot)
 
 
-class PocketsphinxStream:
+class PocketsphinxStream(StreamLifecycle):
     """One utterance on a :class:`PocketsphinxTranscriber` (a :class:`~speech.TranscriptionStream`).
 
     One asyncio task (the *worker*) owns the decoder and runs every decoder call in a thread,
@@ -197,11 +196,6 @@ class PocketsphinxStream:
         # Touched by the worker's thread while the worker runs, else by the loop's thread.
         self._slot: _Slot | None = None
         self._remainder = b""  # less than one piece, waiting for more
-
-    @property
-    def state(self) -> StreamState:
-        """Where the stream is in its lifecycle."""
-        return self._state
 
     def feed(self, pcm16: bytes) -> None:
         """Queue audio for decoding (see :meth:`speech.TranscriptionStream.feed`).
@@ -260,10 +254,7 @@ class PocketsphinxStream:
 
     # -- internals -------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._state is StreamState.CLOSED:
-            raise StreamClosedError("transcription stream is closed")
-        if self._state is not StreamState.OPEN:
-            raise StreamFinishedError("the utterance is finished; open a new stream")
+        super()._check_open()
         if self._failure is not None:
             raise self._failure
 

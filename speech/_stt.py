@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, StreamClosedError, StreamFinishedError
 
 if TYPE_CHECKING:
     from ._openai_stt import OpenAITranscriber
@@ -94,6 +94,24 @@ class StreamState(enum.Enum):
     FINISHING = "finishing"  # finish() called, final result on its way
     FINISHED = "finished"  # final result delivered; no more audio
     CLOSED = "closed"  # resources released
+
+
+class StreamLifecycle:
+    """The lifecycle part every transcription stream shares: its :class:`StreamState` and the
+    check that audio may still come."""
+
+    _state: StreamState  # set by the stream as it goes
+
+    @property
+    def state(self) -> StreamState:
+        """Where the stream is in its lifecycle."""
+        return self._state
+
+    def _check_open(self) -> None:
+        if self._state is StreamState.CLOSED:
+            raise StreamClosedError("transcription stream is closed")
+        if self._state is not StreamState.OPEN:
+            raise StreamFinishedError("the utterance is finished; open a new stream")
 
 
 def make_transcriber(provider: str, **options: Any) -> PocketsphinxTranscriber | OpenAITranscriber:
