@@ -26,6 +26,8 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
+from .scripted_server import Mark, ScriptedServer, Wait, openai_error
+
 __all__ = [
     "AudioServer",
     "Mark",
@@ -35,20 +37,6 @@ __all__ = [
     "UploadedFile",
     "Wait",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """Hold the stream until ``event`` is set."""
-
-    event: asyncio.Event
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    """Set ``event`` once everything before this step has been written."""
-
-    event: asyncio.Event
 
 
 SpeechStep = bytes | Wait | Mark
@@ -105,62 +93,27 @@ class SpeechReply(_Reply):
         return b"".join(s for s in self.steps if isinstance(s, bytes))
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return web.json_response(body, status=status)
 
 
-class AudioServer:
+class AudioServer(ScriptedServer):
     """The server; ``async with AudioServer() as server: ... server.base_url``.
 
     Args:
         host: Interface to listen on (a free port is picked).
     """
 
+    client_max_size = 64 * 1024 * 1024  # uploaded utterances
+
     def __init__(self, *, host: str = "127.0.0.1") -> None:
-        self._host = host
-        self._port = 0
+        super().__init__(host=host)
         self._transcriptions: deque[TranscriptionReply] = deque()
         self._speech: deque[SpeechReply] = deque()
         self.requests: list[RecordedAudioRequest] = []
-        self._runner: web.AppRunner | None = None
-        self._handlers: set[asyncio.Task[Any]] = set()
-        self._closing = False
 
-    # -- lifecycle --------------------------------------------------------------------------
-    async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def _routes(self, app: web.Application) -> None:
+        # A client that goes away cancels its handler: SpeechReply.disconnected.
         app.router.add_post("/v1/audio/transcriptions", self._track(self._transcription))
         app.router.add_post("/v1/audio/speech", self._track(self._speak))
-        # handler_cancellation: a client that goes away cancels its handler, which is how an
-        # abandoned speech stream becomes visible here (SpeechReply.disconnected).
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-
-    async def aclose(self) -> None:
-        self._closing = True
-        for task in list(self._handlers):
-            task.cancel()
-        if self._handlers:
-            await asyncio.wait(list(self._handlers))
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> AudioServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as ``base_url`` to an OpenAI client."""
-        return f"http://{self._host}:{self._port}/v1"
 
     # -- scripting --------------------------------------------------------------------------
     def transcribe(self, text: str, *, wait: asyncio.Event | None = None) -> TranscriptionReply:
@@ -194,23 +147,17 @@ class AudioServer:
 
     # -- serving ----------------------------------------------------------------------------
     def _track(self, handler: Any) -> Any:
-        async def tracked(request: web.Request) -> web.StreamResponse:
-            task = asyncio.current_task()
-            assert task is not None
-            self._handlers.add(task)
-            try:
-                if not request.headers.get("Authorization", "").startswith("Bearer "):
-                    return _error(401, "You didn't provide an API key.", "invalid_api_key")
-                response: web.StreamResponse = await handler(request)
-                return response
-            finally:
-                self._handlers.discard(task)
+        async def authorized(request: web.Request) -> web.StreamResponse:
+            if not request.headers.get("Authorization", "").startswith("Bearer "):
+                return openai_error(401, "You didn't provide an API key.", "invalid_api_key")
+            response: web.StreamResponse = await handler(request)
+            return response
 
-        return tracked
+        return self._tracked(authorized)
 
     async def _transcription(self, request: web.Request) -> web.StreamResponse:
         if not request.content_type.startswith("multipart/form-data"):
-            return _error(400, "Invalid Content-Type header: expected multipart/form-data")
+            return openai_error(400, "Invalid Content-Type header: expected multipart/form-data")
         recorded = RecordedAudioRequest(request.path, dict(request.headers))
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
@@ -223,11 +170,11 @@ class AudioServer:
                 recorded.fields[name] = await part.text()
         self.requests.append(recorded)
         if "file" not in recorded.files:
-            return _error(400, "you must provide a file parameter")
+            return openai_error(400, "you must provide a file parameter")
         if not recorded.fields.get("model"):
-            return _error(400, "you must provide a model parameter")
+            return openai_error(400, "you must provide a model parameter")
         if not self._transcriptions:
-            return _error(
+            return openai_error(
                 500, "openai_audio_server: no scripted transcription left", "server_error"
             )
         reply = self._transcriptions.popleft()
@@ -242,7 +189,7 @@ class AudioServer:
                 raise
         reply.finished.set()
         if reply.status != 200:
-            return _error(reply.status, reply.error_message, "server_error")
+            return openai_error(reply.status, reply.error_message, "server_error")
         if recorded.fields.get("response_format") == "text":
             return web.Response(text=reply.text)
         return web.json_response({"text": reply.text})
@@ -251,22 +198,22 @@ class AudioServer:
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "We could not parse the JSON body of your request.")
+            return openai_error(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
+            return openai_error(400, "the request body must be a JSON object")
         recorded = RecordedAudioRequest(request.path, dict(request.headers), body=body)
         self.requests.append(recorded)
         for name in ("model", "input", "voice"):
             if not isinstance(body.get(name), str) or not body[name]:
-                return _error(400, f"you must provide a {name} parameter")
+                return openai_error(400, f"you must provide a {name} parameter")
         if not self._speech:
-            return _error(500, "openai_audio_server: no scripted speech left", "server_error")
+            return openai_error(500, "openai_audio_server: no scripted speech left", "server_error")
         reply = self._speech.popleft()
         reply.request = recorded
         reply.started.set()
         if reply.status != 200:
             reply.finished.set()
-            return _error(reply.status, reply.error_message, "server_error")
+            return openai_error(reply.status, reply.error_message, "server_error")
         response = web.StreamResponse(headers={"Content-Type": reply.content_type})
         response.enable_chunked_encoding()
         await response.prepare(request)

@@ -31,6 +31,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .scripted_server import Mark, ScriptedServer, Wait, openai_error
+
 __all__ = [
     "Mark",
     "OpenAIServer",
@@ -59,20 +61,6 @@ class ToolCallStep:
     name: str
     arguments: str = "{}"
     pieces: int = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """Hold the stream until ``event`` is set."""
-
-    event: asyncio.Event
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    """Set ``event`` once everything before this step has been written."""
-
-    event: asyncio.Event
 
 
 Step = Text | ToolCallStep | Wait | Mark
@@ -106,9 +94,6 @@ class ScriptedResponse:
         return "".join(s.content for s in self.steps if isinstance(s, Text))
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return web.json_response(body, status=status)
 
 
 def _check_messages(messages: Any) -> str | None:
@@ -145,7 +130,7 @@ def _check_messages(messages: Any) -> str | None:
     return None
 
 
-class OpenAIServer:
+class OpenAIServer(ScriptedServer):
     """The server; ``async with OpenAIServer() as server: ... server.base_url``.
 
     Args:
@@ -154,51 +139,15 @@ class OpenAIServer:
     """
 
     def __init__(self, *, model: str = "gpt-test", host: str = "127.0.0.1") -> None:
+        super().__init__(host=host)
         self.model = model
-        self._host = host
-        self._port = 0
         self._queue: deque[ScriptedResponse] = deque()
         self.requests: list[RecordedRequest] = []
-        self._runner: web.AppRunner | None = None
-        self._handlers: set[asyncio.Task[Any]] = set()
-        self._closing = False
         self._counter = 0
 
-    # -- lifecycle --------------------------------------------------------------------------
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._handle)
-        # handler_cancellation: a client that disconnects cancels its handler, which is how a
-        # cancelled generation becomes visible here (ScriptedResponse.disconnected).
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, 0)
-        await site.start()
-        server = site._server
-        assert server is not None and server.sockets  # type: ignore[union-attr]
-        self._port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def aclose(self) -> None:
-        self._closing = True
-        for task in list(self._handlers):
-            task.cancel()
-        if self._handlers:
-            await asyncio.wait(list(self._handlers))
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> OpenAIServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as ``base_url`` to an OpenAI client."""
-        return f"http://{self._host}:{self._port}/v1"
+    def _routes(self, app: web.Application) -> None:
+        # A client that disconnects cancels its handler: ScriptedResponse.disconnected.
+        app.router.add_post("/v1/chat/completions", self._tracked(self._serve))
 
     # -- scripting --------------------------------------------------------------------------
     def respond(self, *steps: Step, finish_reason: str | None = None) -> ScriptedResponse:
@@ -219,37 +168,28 @@ class OpenAIServer:
         return len(self._queue)
 
     # -- serving ----------------------------------------------------------------------------
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            return await self._serve(request)
-        finally:
-            self._handlers.discard(task)
-
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         if not request.headers.get("Authorization", "").startswith("Bearer "):
-            return _error(401, "You didn't provide an API key.", "invalid_api_key")
+            return openai_error(401, "You didn't provide an API key.", "invalid_api_key")
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "We could not parse the JSON body of your request.")
+            return openai_error(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return _error(400, "you must provide a model parameter")
+            return openai_error(400, "you must provide a model parameter")
         problem = _check_messages(body.get("messages"))
         if problem:
-            return _error(400, problem)
+            return openai_error(400, problem)
         recorded = RecordedRequest(request.path, dict(request.headers), body)
         self.requests.append(recorded)
         if not self._queue:
-            return _error(500, "openai_server: no scripted response left", "server_error")
+            return openai_error(500, "openai_server: no scripted response left", "server_error")
         reply = self._queue.popleft()
         reply.request = recorded
         reply.started.set()
         if reply.status != 200:
             reply.finished.set()
-            return _error(reply.status, reply.error_message, "server_error")
+            return openai_error(reply.status, reply.error_message, "server_error")
         self._counter += 1
         completion_id = f"chatcmpl-test{self._counter:06d}"
         if body.get("stream"):
