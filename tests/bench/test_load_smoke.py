@@ -111,3 +111,22 @@ def test_bench_config_is_valid(tmp_path: Path) -> None:
         assert cfg.server.max_calls >= 10_000
         for agent in cfg.agents.values():
             assert agent.stt.provider == ("pocketsphinx" if port is None else "openai")
+
+
+@pytest.mark.parametrize("silent", [False, True])
+def test_transport_floor_measures_the_bare_server(tmp_path: Path, silent: bool) -> None:
+    out = tmp_path / "floor.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.ws_floor", "--calls", "3", "--seconds", "4",
+         "--stagger", "0.5", "--json", str(out)] + (["--silent"] if silent else []),
+        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["calls"] == 3 and row["ok"] == 3
+    assert row["server_cpu_share"] >= 0 and row["ms_per_call_second"] >= 0
+    if silent:
+        assert row["bot_audio_s"] == 0 and row["marks_echoed"] == 0
+    else:  # the bare server answered with audio, and its marks came back
+        assert row["bot_audio_s"] > 1.0 and row["marks_echoed"] > 10
+    assert "budget is 3.33 ms per call-second" in proc.stdout
