@@ -462,6 +462,9 @@ def _row(n: int, args: argparse.Namespace, before: Scrape, w0: Scrape, w1: Scrap
         "gen_late_p99_ms": _ms(max((x["p99"] for x in late if x["p99"] is not None), default=None)),
         "gen_late_max_ms": _ms(max((x["max"] for x in late if x["max"] is not None), default=None)),
         "vad_mean_batch": _ratio(m1, m0, "callgate_vad_windows_total", "callgate_vad_batches_total"),
+        # What the gateway's overload guard said at the end of the steady window (it refuses
+        # webhooks, not the bench's sockets, so the step runs either way).
+        "overloaded": bool(m1.get("callgate_overloaded", 0)),
         "barge_in_measured": len(latencies),
         "barge_in_expected": expected,
         "barge_in_client_p50_ms": _pct(latencies, 0.5),
@@ -691,7 +694,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"  {n} calls: p99 lag {_f(row['lag_p99_ms'])} ms, gateway CPU "
                   f"{_f(None if row['gateway_cpu_util'] is None else 100 * row['gateway_cpu_util'], '{:.0f}')}%, "
-                  f"{row['calls_ok']}/{n} ok, goal {'met' if row['goal_met'] else 'missed: ' + row['why']} "
+                  f"{row['calls_ok']}/{n} ok, overload guard {'on' if row['overloaded'] else 'off'}, "
+                  f"goal {'met' if row['goal_met'] else 'missed: ' + row['why']} "
                   f"({time.monotonic() - t:.0f} s)", file=sys.stderr)
             time.sleep(1.0)
             return row

@@ -102,6 +102,9 @@ class _Callbacks(Collector):
         yield GaugeMetricFamily("callgate_active_calls", "Calls in progress", value=s["calls"])
         yield GaugeMetricFamily("callgate_draining", "1 while the gateway drains",
                                 value=1 if s["draining"] else 0)
+        yield GaugeMetricFamily("callgate_overloaded",
+                                "1 while new calls are refused for frame lag (gateway.overload)",
+                                value=1 if s.get("overloaded") else 0)
         yield CounterMetricFamily("callgate_vad_batches", "Batched VAD inferences run",
                                   value=s["vad_batches"])
         yield CounterMetricFamily("callgate_vad_windows", "VAD windows scored (all calls)",
@@ -121,7 +124,7 @@ class GatewayMetrics:
                                       "Malformed or out-of-place Twilio frames skipped", registry=r)
         self.calls = Counter("callgate_calls", "Calls started", registry=r)
         self.calls_refused = Counter("callgate_calls_refused",
-                                     "Calls refused (capacity, draining, bad token)", ["reason"],
+                                     "Calls refused (capacity, draining, overload, bad token)", ["reason"],
                                      registry=r)
         self.barge_ins = Counter("callgate_barge_ins", "Interrupts committed to the agent",
                                  ["reason"], registry=r)

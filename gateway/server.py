@@ -9,7 +9,8 @@ Routes:
   checked against the ``wss://`` URL the TwiML named; the ``start`` message must carry the token
   issued for that call (a signature alone can be replayed: Twilio signs the same URL every time).
   One task per call runs its :class:`gateway.call.CallSession`.
-* ``GET /healthz``: liveness; ``GET /readyz``: readiness (fails while draining or full).
+* ``GET /healthz``: liveness; ``GET /readyz``: readiness (fails while draining, full or
+  overloaded: the calls in progress fall behind their audio, see :mod:`gateway.overload`).
 
 Signature checks can be switched off only explicitly (``validate_signatures: false``), with a
 warning at start-up and on every call, for local development without a Twilio account.
@@ -41,6 +42,7 @@ from vad import BargeInSettings, EchoGateSettings, VadEngine
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
+from .overload import LagGuard
 from .security import SIGNATURE_HEADER, CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
@@ -73,6 +75,9 @@ class GatewaySettings:
     token_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     token_ttl_s: float = 600.0
     max_calls: int = 200
+    overload_lag_ms: float | None = 50.0
+    """New calls are refused while the p99 frame lag of the last 5 s is over this
+    (:class:`gateway.overload.LagGuard`); None: only ``max_calls`` limits."""
     agent_for_number: Callable[[str | None], str] = lambda _to: "default"
     call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
     transcriber_for: Callable[[str], Any] | None = None
@@ -116,6 +121,7 @@ class GatewayApp:
         self.completed: deque[dict[str, object]] = deque(maxlen=256)
         """Summaries of recently ended calls (for operators and tests)."""
         self.draining = False
+        self.overload = LagGuard(settings.overload_lag_ms)
         self.metrics = GatewayMetrics(self._metrics_state)
         if not settings.validate_signatures:
             log.warning(
@@ -138,6 +144,7 @@ class GatewayApp:
         return {
             "calls": len(self.calls),
             "draining": self.draining,
+            "overloaded": self.overload.overloaded,
             "vad_batches": stats.batches,
             "vad_windows": stats.windows,
             "bus": self.bus.stats(),
@@ -158,11 +165,23 @@ class GatewayApp:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "calls": len(self.calls)})
 
+    def refusal(self) -> str | None:
+        """Why a new call would be refused now (None: it is welcome)."""
+        if self.draining:
+            return "draining"
+        if len(self.calls) >= self.settings.max_calls:
+            return "at capacity"
+        if self.overload.overloaded:
+            return "overloaded"
+        return None
+
     async def readyz(self, request: web.Request) -> web.Response:
-        ready = not self.draining and len(self.calls) < self.settings.max_calls
+        refusal = self.refusal()
         return web.json_response(
-            {"ready": ready, "draining": self.draining, "calls": len(self.calls)},
-            status=200 if ready else 503,
+            {"ready": refusal is None, "draining": self.draining,
+             "overloaded": self.overload.overloaded, "calls": len(self.calls),
+             **({"reason": refusal} if refusal else {})},
+            status=200 if refusal is None else 503,
         )
 
     def _signature_ok(self, url: str, signature: str | None, form: dict[str, str] | None) -> bool:
@@ -186,8 +205,8 @@ class GatewayApp:
         if not call_sid.startswith("CA"):
             raise web.HTTPBadRequest(text="CallSid missing or malformed")
         response = VoiceResponse()
-        if self.draining or len(self.calls) >= self.settings.max_calls:
-            reason = "draining" if self.draining else "at capacity"
+        reason = self.refusal()
+        if reason is not None:
             log.warning("refusing call %s: gateway %s", call_sid, reason)
             self.metrics.calls_refused.labels(reason=reason.replace(" ", "_")).inc()
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
@@ -278,6 +297,7 @@ class GatewayApp:
                         offset = time.perf_counter() - session.now_ms / 1000
                         clock_base = offset if clock_base is None else min(clock_base, offset)
                         self.metrics.frame_lag.observe(offset - clock_base)
+                        self.overload.observe(offset - clock_base)
                     if session.frames_skipped != skipped:
                         self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
@@ -429,6 +449,7 @@ def settings_from_config(holder: Any) -> GatewaySettings:
         validate_signatures=cfg.twilio.validate_signatures,
         token_secret=token_secret_from_env(),
         max_calls=cfg.server.max_calls,
+        overload_lag_ms=cfg.server.overload_lag_ms,
         agent_for_number=agent_for_number,
         call_settings_for=call_settings_for,
         transcriber_for=TranscriberCache(holder),

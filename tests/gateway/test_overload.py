@@ -1,0 +1,143 @@
+"""Overload shedding: the lag guard's arithmetic, and a gateway whose frames fall behind refusing
+new calls (busy TwiML, /readyz 503, the gauge) over real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from bus import EmbeddedBus
+from gateway import twilio_protocol as tp
+from gateway.overload import LagGuard
+from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
+from vad import VadEngine
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_guard_trips_on_the_window_p99_and_lifts_once_it_rolls_out() -> None:
+    clock = Clock()
+    guard = LagGuard(50.0, window_s=5, min_frames=100, clock=clock)
+    for _ in range(990):
+        guard.observe(0.010)
+    for _ in range(10):  # exactly 1 % late: the p99 is not over the limit yet
+        guard.observe(0.200)
+    assert guard.frames == 1000 and not guard.overloaded
+    for _ in range(10):  # 2 % late
+        guard.observe(0.051)
+    assert guard.overloaded
+    assert guard.late_share == pytest.approx(20 / 1010)
+    for _ in range(4):  # the late second is still in the window: 20 late of 1410
+        clock.t += 1
+        for _ in range(100):
+            guard.observe(0.001)
+    assert guard.overloaded
+    clock.t += 1  # ... and now it is not
+    assert guard.late_share == 0.0
+    assert not guard.overloaded
+    assert guard.frames == 400
+
+
+def test_guard_needs_enough_frames_to_judge() -> None:
+    clock = Clock()
+    guard = LagGuard(50.0, min_frames=500, clock=clock)
+    for _ in range(499):
+        guard.observe(1.0)  # every frame a second late, but too few to call it an overload
+    assert not guard.overloaded
+    guard.observe(1.0)
+    assert guard.overloaded
+
+
+def test_an_idle_gateway_forgets_its_past() -> None:
+    clock = Clock()
+    guard = LagGuard(20.0, window_s=3, min_frames=10, clock=clock)
+    for _ in range(50):
+        guard.observe(0.5)
+    assert guard.overloaded
+    clock.t += 3600
+    assert guard.frames == 0 and not guard.overloaded
+
+
+def test_guard_off_and_bad_settings() -> None:
+    guard = LagGuard(None, min_frames=1)
+    for _ in range(10):
+        guard.observe(10.0)
+    assert not guard.overloaded and guard.frames == 0
+    with pytest.raises(ValueError, match="limit_ms"):
+        LagGuard(0.0)
+    with pytest.raises(ValueError, match="window_s"):
+        LagGuard(50.0, window_s=0)
+    with pytest.raises(ValueError, match="quantile"):
+        LagGuard(50.0, quantile=1.0)
+
+
+FORM = {"CallSid": "CA" + "7" * 32, "AccountSid": "AC" + "2" * 32, "From": "+14155550100",
+        "To": "+14155550199", "CallStatus": "ringing"}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[TestServer, GatewayApp]]:
+    settings = GatewaySettings(validate_signatures=False, overload_lag_ms=50.0)
+    app = build_app(settings, bus=EmbeddedBus(), vad=VadEngine())
+    gw = app[GATEWAY_KEY]
+    # Judge from 20 frames on (the default, 500, is 10 s of one call's audio).
+    gw.overload = LagGuard(50.0, min_frames=20)
+    async with TestServer(app) as srv:
+        yield srv, gw
+
+
+async def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def _status(http: aiohttp.ClientSession, srv: TestServer) -> tuple[int, dict[str, Any], str]:
+    ready = await http.get(srv.make_url("/readyz"))
+    webhook = await http.post(srv.make_url("/twilio/voice"), data=FORM)
+    return ready.status, await ready.json(), await webhook.text()
+
+
+async def test_a_gateway_whose_frames_fall_behind_refuses_new_calls(server: Any) -> None:
+    """A caller's frames reach the gateway at half their real-time rate, so each is done ~20 ms
+    further behind its media time than the last: past 50 ms the guard trips. The call in
+    progress goes on; new calls get the busy answer and readiness fails."""
+    srv, gw = server
+    sid = "MZ" + "7" * 32
+    payload = base64.b64encode(b"\xff" * 160).decode()
+    async with aiohttp.ClientSession() as http:
+        status, body, twiml = await _status(http, srv)
+        assert status == 200 and body["overloaded"] is False
+        assert "<Connect>" in twiml and "busy" not in twiml
+        async with http.ws_connect(srv.make_url("/twilio/media")) as ws:
+            await ws.send_str(tp.build_connected())
+            await ws.send_str(tp.build_start(
+                sequence_number=1, stream_sid=sid, account_sid=FORM["AccountSid"],
+                call_sid=FORM["CallSid"], tracks=["inbound"], custom_parameters={}))
+            for k in range(30):
+                await ws.send_str(tp.build_media(sequence_number=k + 2, stream_sid=sid,
+                                                 chunk=k + 1, timestamp_ms=20 * k,
+                                                 payload=base64.b64decode(payload)))
+                await asyncio.sleep(0.040)  # pacing at 0.5x: the frames arrive ever later
+            await _until(lambda: gw.overload.frames >= 30)  # every frame handled
+            status, body, twiml = await _status(http, srv)
+            assert status == 503 and body["overloaded"] is True and body["reason"] == "overloaded"
+            assert "all our lines are busy" in twiml and "<Connect>" not in twiml
+            metrics = await (await http.get(srv.make_url("/metrics"))).text()
+            assert "callgate_overloaded 1.0" in metrics
+            assert 'callgate_calls_refused_total{reason="overloaded"} 1.0' in metrics
+            assert not ws.closed  # the call in progress is never cut
+            assert len(gw.calls) == 1
