@@ -130,3 +130,14 @@ def test_transport_floor_measures_the_bare_server(tmp_path: Path, silent: bool) 
     else:  # the bare server answered with audio, and its marks came back
         assert row["bot_audio_s"] > 1.0 and row["marks_echoed"] > 10
     assert "budget is 3.33 ms per call-second" in proc.stdout
+
+
+async def test_call_cpu_splits_the_call_logic_cost() -> None:
+    from bench.call_cpu import measure
+
+    row = await measure(3, 4.0)
+    assert row["calls"] == 3 and row["mean_batch"] == pytest.approx(3.0, abs=0.5)
+    parts = (row["silero_ms"], row["gate_features_ms"], row["engine_rest_ms"], row["call_logic_ms"])
+    assert all(p > 0 for p in parts)
+    assert sum(parts) == pytest.approx(row["ms_per_call_second"], rel=1e-6)
+    assert row["bot_audio_s"] > 3 * 3.0 and row["marks_echoed"] > 3 * 50  # the bot talked
