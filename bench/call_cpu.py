@@ -2,7 +2,7 @@
 
 ``bench.load`` measures the whole gateway and ``bench.ws_floor`` the WebSocket traffic alone;
 this measures the rest, in process: N :class:`gateway.call.CallSession` objects on one
-:class:`vad.VadEngine` (its default runtime), fed Twilio's frame texts directly, lock-step on the
+:class:`vad.VadEngine` (``callgate serve``'s defaults: ``auto`` runtime, 5 ms batching wait), fed Twilio's frame texts directly, lock-step on the
 media clock (every 20 ms frame of every call, then the next), so every VAD batch holds all N calls
 (up to the engine's largest batch) and the batch size is N, not a matter of timing. Each caller
 loops a labelled recording of tests/recordings; the bot talks all the time (10 s utterances of the
@@ -53,8 +53,10 @@ class _Timed:
             self.seconds += time.process_time() - t
 
 
-async def measure(n: int, seconds: float, recordings: Path = RECORDINGS) -> dict[str, Any]:
-    """N calls for ``seconds`` of media time; CPU figures per call-second."""
+async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
+                  runtime: str = "auto", max_wait_ms: float = 5.0) -> dict[str, Any]:
+    """N calls for ``seconds`` of media time; CPU figures per call-second. ``runtime`` and
+    ``max_wait_ms``: the engine's, as ``callgate serve`` sets them by default."""
     from bus import EmbeddedBus
     from gateway import twilio_protocol as tp
     from gateway.audio import read_wav_ulaw
@@ -76,13 +78,13 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS) -> dict
         bot_of[name] = [base64.b64encode(bot[i : i + step]).decode()
                         for i in range(0, len(bot), step)]
 
-    engine = VadEngine()
+    engine = VadEngine(runtime=runtime, max_wait_ms=max_wait_ms)  # type: ignore[arg-type]
     await engine.start()
     bus = EmbeddedBus()
     await bus.start()
-    runtime = engine.runtime
-    infer = _Timed(runtime.infer)
-    runtime.infer = infer  # type: ignore[method-assign]
+    model = engine.runtime
+    infer = _Timed(model.infer)
+    model.infer = infer  # type: ignore[method-assign]
     hear = _Timed(engine._hear)
     engine._hear = hear  # type: ignore[method-assign]
     run_batch = _Timed(engine._run_batch)
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", default="8,25,50,100",
                    type=lambda s: [int(x) for x in s.split(",") if x.strip()])
     p.add_argument("--seconds", type=float, default=30.0, help="media time per call")
+    p.add_argument("--runtime", choices=("auto", "torchscript", "onnx"), default="auto")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if hasattr(os, "sched_getaffinity"):
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print("calls | VAD batch | ms CPU per call-second | Silero | gate+features | engine rest "
           "| call logic + driver")
     for n in args.calls:
-        r = asyncio.run(measure(n, args.seconds))
+        r = asyncio.run(measure(n, args.seconds, runtime=args.runtime))
         rows.append(r)
         print(f"{n:5d} | {r['mean_batch']:9.1f} | {r['ms_per_call_second']:22.2f} | "
               f"{r['silero_ms']:6.2f} | {r['gate_features_ms']:13.2f} | {r['engine_rest_ms']:11.2f} "

@@ -410,7 +410,9 @@ class CallSession:
 
     # -- output ----------------------------------------------------------------------------
     async def _pump(self) -> None:
-        await self._apply(self.playback.pump(self.now_ms))
+        out = self.playback.pump(self.now_ms)
+        if out.chunks or out.events:  # most frames: nothing due (a chunk goes every 40 ms)
+            await self._apply(out)
         if self._hangup_requested and self.playback.current is None:
             await self.end("hangup")
 

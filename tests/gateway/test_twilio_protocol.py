@@ -434,6 +434,19 @@ def test_outbound_golden_forms() -> None:
     assert clear_message("MZ1") == '{"event":"clear","streamSid":"MZ1"}'
 
 
+@given(st.text(max_size=40), st.text(max_size=40), st.binary(min_size=1, max_size=64))
+def test_outbound_builders_write_what_json_writes(sid: str, name: str, payload: bytes) -> None:
+    """The formatted builders give the same text as serializing the message's dict."""
+    def dumps(obj: dict[str, object]) -> str:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+    b64 = base64.b64encode(payload).decode()
+    assert media_message(sid, payload) == dumps(
+        {"event": "media", "streamSid": sid, "media": {"payload": b64}})
+    assert mark_message(sid, name) == dumps({"event": "mark", "streamSid": sid, "mark": {"name": name}})
+    assert parse_outbound(mark_message(sid, name)) == OutboundMark(stream_sid=sid, name=name)
+
+
 def test_outbound_round_trip() -> None:
     for msg in (
         OutboundMedia(stream_sid="MZ1", payload=bytes(range(256)) * 3),
