@@ -172,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_getaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     rows = []
-    print("calls | VAD batch | ms CPU per call-second | Silero | gate+features | engine rest "
-          "| call logic + driver")
+    print("calls | VAD batch | ms CPU per call-second | x first N | Silero | gate+features "
+          "| engine rest | call logic + driver")
     for n in args.calls:
         r = asyncio.run(measure(n, args.seconds, runtime=args.runtime))
         rows.append(r)
+        r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
         print(f"{n:5d} | {r['mean_batch']:9.1f} | {r['ms_per_call_second']:22.2f} | "
+              f"{r['x_first']:8.2f}x | "
               f"{r['silero_ms']:6.2f} | {r['gate_features_ms']:13.2f} | {r['engine_rest_ms']:11.2f} "
               f"| {r['call_logic_ms']:19.2f}", flush=True)
     if args.json is not None:

@@ -36,6 +36,17 @@ _REPO = Path(__file__).resolve().parents[1]
 GOAL_CALLS = 300
 
 
+def _user_system(pid: int) -> tuple[float, float] | None:
+    """(utime, stime) of a process in seconds, from /proc/PID/stat."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def _cpus() -> tuple[int | None, int | None]:
     if not hasattr(os, "sched_getaffinity"):
         return None, None
@@ -79,7 +90,7 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
         marks = []
         for offset in window:
             time.sleep(max(0.0, start_at + offset - time.monotonic()))
-            marks.append((time.monotonic(), cpu_seconds(server.pid)))
+            marks.append((time.monotonic(), cpu_seconds(server.pid), _user_system(server.pid)))
         gen.wait(timeout=seconds + stagger + 120)
         result = json.loads((workdir / "result.json").read_text())
     finally:
@@ -89,12 +100,16 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
             gen.kill()
             gen.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    (t0, c0), (t1, c1) = marks
+    (t0, c0, us0), (t1, c1, us1) = marks
     share = (c1 - c0) / (t1 - t0) if c0 is not None and c1 is not None else float("nan")
+    kernel = None  # share of the server's CPU spent in the kernel (sockets)
+    if us0 is not None and us1 is not None and sum(us1) > sum(us0):
+        kernel = (us1[1] - us0[1]) / (sum(us1) - sum(us0))
     ok = sum(1 for c in result["calls"] if c["error"] is None and not c["closed_early"]
              and c["frames_sent"] == c["frames_planned"])
     late = result["lateness_s"]["p99"]
     return {"calls": n, "ok": ok, "silent": silent, "server_cpu_share": share,
+            "kernel_share": kernel,
             "ms_per_call_second": 1000 * share / n, "calls_per_core": n / share if share else None,
             "gen_late_p99_ms": None if late is None else 1000 * late,
             "bot_audio_s": sum(c["bot_audio_s"] for c in result["calls"]),
@@ -120,14 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     if load_cpu is not None:
         os.sched_setaffinity(0, {load_cpu})
     rows = []
-    print("calls |    ok | server CPU | ms CPU per call-second | calls per core (transport alone) "
-          "| gen late p99")
+    print("calls |    ok | server CPU | of it kernel | ms CPU per call-second | x first N "
+          "| calls per core (transport alone) | gen late p99")
     for n in args.calls:
         r = run_floor(n, seconds=args.seconds, stagger=args.stagger, silent=args.silent,
                       seed=args.seed, cpus=cpus)
         rows.append(r)
-        print(f"{n:5d} | {r['ok']:2d}/{n:<3d}| {100 * r['server_cpu_share']:9.0f}% | "
-              f"{r['ms_per_call_second']:22.2f} | {r['calls_per_core'] or 0:32.0f} | "
+        r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
+        kernel = "?" if r["kernel_share"] is None else f"{100 * r['kernel_share']:.0f}%"
+        print(f"{n:5d} | {r['ok']:2d}/{n:<3d}| {100 * r['server_cpu_share']:9.0f}% | {kernel:>12} | "
+              f"{r['ms_per_call_second']:22.2f} | {r['x_first']:8.2f}x | "
+              f"{r['calls_per_core'] or 0:32.0f} | "
               f"{r['gen_late_p99_ms'] or 0:9.1f} ms", flush=True)
     budget = 1000 / GOAL_CALLS
     last = rows[-1]

@@ -125,6 +125,7 @@ def test_transport_floor_measures_the_bare_server(tmp_path: Path, silent: bool) 
     (row,) = json.loads(out.read_text())
     assert row["calls"] == 3 and row["ok"] == 3
     assert row["server_cpu_share"] >= 0 and row["ms_per_call_second"] >= 0
+    assert row["kernel_share"] is None or 0 <= row["kernel_share"] <= 1
     if silent:
         assert row["bot_audio_s"] == 0 and row["marks_echoed"] == 0
     else:  # the bare server answered with audio, and its marks came back
