@@ -447,6 +447,57 @@ def test_outbound_builders_write_what_json_writes(sid: str, name: str, payload: 
     assert parse_outbound(mark_message(sid, name)) == OutboundMark(stream_sid=sid, name=name)
 
 
+_field_values = st.one_of(
+    st.text(alphabet="0123456789", min_size=0, max_size=20), st.text(max_size=8),
+    st.integers(min_value=-5, max_value=10**20), st.booleans(), st.none(), st.floats(),
+    st.builds(lambda b: base64.b64encode(b).decode(), st.binary(max_size=40)),
+    st.just("AQI"), st.just("AQ=="), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["sequenceNumber", "streamSid", "media"]),
+                    st.one_of(_field_values, st.dictionaries(
+                        st.sampled_from(["track", "chunk", "timestamp", "payload"]), _field_values)))
+)
+@settings(max_examples=400)
+def test_media_fast_path_agrees_with_the_checked_parse(obj: dict[str, object]) -> None:
+    """Twilio's common case is parsed without the field-by-field checks; for any object at all
+    it gives the checked parser's result, or its exact error."""
+    def outcome(parse: object) -> object:
+        try:
+            return parse(obj, 24)  # type: ignore[operator]
+        except ProtocolError as exc:
+            return (type(exc), str(exc))
+
+    assert outcome(tp._parse_media) == outcome(tp._parse_media_checked)
+
+
+_VALID_MEDIA = {"sequenceNumber": "7", "streamSid": "MZ1",
+                "media": {"track": "inbound", "chunk": "6", "timestamp": "100", "payload": "AQID"}}
+
+
+@given(st.sampled_from(["sequenceNumber", "streamSid", "track", "chunk", "timestamp", "payload"]),
+       st.one_of(st.just(tp._MISSING), _field_values))
+@settings(max_examples=300)
+def test_media_fast_path_agrees_one_field_off(key: str, value: object) -> None:
+    """From a valid frame with one field changed or missing: the same result or error."""
+    obj = json.loads(json.dumps(_VALID_MEDIA))
+    target = obj if key in obj else obj["media"]
+    if value is tp._MISSING:
+        del target[key]
+    else:
+        target[key] = value
+    results = []
+    for parse in (tp._parse_media, tp._parse_media_checked):
+        try:
+            results.append(parse(obj, 24))
+        except ProtocolError as exc:
+            results.append((type(exc), str(exc)))
+    assert results[0] == results[1]
+    assert tp._parse_media(_VALID_MEDIA, 24).payload == b"\x01\x02\x03"
+
+
 def test_outbound_round_trip() -> None:
     for msg in (
         OutboundMedia(stream_sid="MZ1", payload=bytes(range(256)) * 3),
