@@ -132,8 +132,8 @@ def _sum_matching(metrics: dict[str, float], name: str) -> float:
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """utime + stime of a process (all its threads), from /proc/PID/stat."""
+def cpu_times(pid: int | None) -> tuple[float, float] | None:
+    """(utime, stime) of a process (all its threads) in seconds, from /proc/PID/stat."""
     if pid is None:
         return None
     try:
@@ -141,7 +141,13 @@ def cpu_seconds(pid: int | None) -> float | None:
     except OSError:
         return None
     fields = raw[raw.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """utime + stime of a process (all its threads)."""
+    times = cpu_times(pid)
+    return None if times is None else times[0] + times[1]
 
 
 def _free_port() -> int:

@@ -28,23 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load import RECORDINGS, _free_port, _plan_calls, cpu_seconds
+from .load import RECORDINGS, _free_port, _plan_calls, cpu_times
 
 __all__ = ["main", "run_floor"]
 
 _REPO = Path(__file__).resolve().parents[1]
 GOAL_CALLS = 300
-
-
-def _user_system(pid: int) -> tuple[float, float] | None:
-    """(utime, stime) of a process in seconds, from /proc/PID/stat."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _cpus() -> tuple[int | None, int | None]:
@@ -90,7 +79,7 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
         marks = []
         for offset in window:
             time.sleep(max(0.0, start_at + offset - time.monotonic()))
-            marks.append((time.monotonic(), cpu_seconds(server.pid), _user_system(server.pid)))
+            marks.append((time.monotonic(), cpu_times(server.pid)))
         gen.wait(timeout=seconds + stagger + 120)
         result = json.loads((workdir / "result.json").read_text())
     finally:
@@ -100,11 +89,12 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
             gen.kill()
             gen.wait()
         shutil.rmtree(workdir, ignore_errors=True)
-    (t0, c0, us0), (t1, c1, us1) = marks
-    share = (c1 - c0) / (t1 - t0) if c0 is not None and c1 is not None else float("nan")
-    kernel = None  # share of the server's CPU spent in the kernel (sockets)
-    if us0 is not None and us1 is not None and sum(us1) > sum(us0):
-        kernel = (us1[1] - us0[1]) / (sum(us1) - sum(us0))
+    (t0, us0), (t1, us1) = marks
+    share, kernel = float("nan"), None  # kernel: share of the server's CPU spent in the kernel
+    if us0 is not None and us1 is not None:
+        used = sum(us1) - sum(us0)
+        share = used / (t1 - t0)
+        kernel = (us1[1] - us0[1]) / used if used > 0 else None
     ok = sum(1 for c in result["calls"] if c["error"] is None and not c["closed_early"]
              and c["frames_sent"] == c["frames_planned"])
     late = result["lateness_s"]["p99"]
