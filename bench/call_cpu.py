@@ -2,7 +2,8 @@
 
 ``bench.load`` measures the whole gateway and ``bench.ws_floor`` the WebSocket traffic alone;
 this measures the rest, in process: N :class:`gateway.call.CallSession` objects on one
-:class:`vad.VadEngine` (``callgate serve``'s defaults: ``auto`` runtime, 5 ms batching wait), fed Twilio's frame texts directly, lock-step on the
+:class:`vad.VadEngine` (``callgate serve``'s defaults: ``auto`` runtime, 5 ms batching
+wait), fed Twilio's frame texts directly, lock-step on the
 media clock (every 20 ms frame of every call, then the next), so every VAD batch holds all N calls
 (up to the engine's largest batch) and the batch size is N, not a matter of timing. Each caller
 loops a labelled recording of tests/recordings; the bot talks all the time (10 s utterances of the
@@ -172,13 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_getaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     rows = []
-    print("calls | VAD batch | ms CPU per call-second | x first N | Silero | gate+features "
+    print("calls | VAD batch (N up to 128) | ms CPU per call-second | x first N | Silero | gate+features "
           "| engine rest | call logic + driver")
     for n in args.calls:
         r = asyncio.run(measure(n, args.seconds, runtime=args.runtime))
         rows.append(r)
         r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
-        print(f"{n:5d} | {r['mean_batch']:9.1f} | {r['ms_per_call_second']:22.2f} | "
+        print(f"{n:5d} | {r['mean_batch']:23.1f} | {r['ms_per_call_second']:22.2f} | "
               f"{r['x_first']:8.2f}x | "
               f"{r['silero_ms']:6.2f} | {r['gate_features_ms']:13.2f} | {r['engine_rest_ms']:11.2f} "
               f"| {r['call_logic_ms']:19.2f}", flush=True)

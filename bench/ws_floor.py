@@ -90,11 +90,11 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
             gen.wait()
         shutil.rmtree(workdir, ignore_errors=True)
     (t0, us0), (t1, us1) = marks
-    share, kernel = float("nan"), None  # kernel: share of the server's CPU spent in the kernel
-    if us0 is not None and us1 is not None:
-        used = sum(us1) - sum(us0)
-        share = used / (t1 - t0)
-        kernel = (us1[1] - us0[1]) / used if used > 0 else None
+    if us0 is None or us1 is None:
+        raise SystemExit("bench.ws_floor reads the server's CPU time from /proc (Linux only)")
+    used = sum(us1) - sum(us0)
+    share = used / (t1 - t0)
+    kernel = (us1[1] - us0[1]) / used if used > 0 else None  # the kernel's share of it
     ok = sum(1 for c in result["calls"] if c["error"] is None and not c["closed_early"]
              and c["frames_sent"] == c["frames_planned"])
     late = result["lateness_s"]["p99"]

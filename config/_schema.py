@@ -174,7 +174,7 @@ class ServerConfig(_Model):
     max_calls: int = Field(200, ge=1)
     """Calls one gateway takes at once; more are answered with a busy message."""
     overload_lag_ms: float | None = Field(50.0, gt=0)
-    """New calls are also refused while the p99 frame lag of the last 5 s is over this (the
+    """New calls are also refused while the p99 frame lag of the last 4-5 s is over this (the
     calls in progress fall behind their audio); null: only ``max_calls`` limits."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On shutdown, how long calls in progress may go on before they are cut."""

@@ -411,7 +411,7 @@ class CallSession:
     # -- output ----------------------------------------------------------------------------
     async def _pump(self) -> None:
         out = self.playback.pump(self.now_ms)
-        if out.chunks or out.events:  # most frames: nothing due (a chunk goes every 40 ms)
+        if not out.empty:  # most frames: nothing due (a chunk goes every 40 ms)
             await self._apply(out)
         if self._hangup_requested and self.playback.current is None:
             await self.end("hangup")

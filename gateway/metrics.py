@@ -15,18 +15,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["BUS_COUNTERS", "CONTENT_TYPE", "GatewayMetrics", "WorkerMetrics"]
+__all__ = ["BUS_COUNTERS", "CONTENT_TYPE", "REFUSAL_REASONS", "GatewayMetrics", "WorkerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.0)
 
+REFUSAL_REASONS = ("draining", "at_capacity", "overloaded", "socket_over_capacity", "token")
+"""The ``reason`` label of ``callgate_calls_refused_total`` (deploy/prometheus/alerts.yaml
+names them; every series exists from start-up, at 0, so the first refusal is an increase)."""
 
 BUS_COUNTERS = {
     "outages": "Times the bus lost its server (Redis)",
     "reconnects": "Times the bus got its server back after an outage",
     "calls_claimed": "Calls this process's workers claimed from the bus",
     "orphans_claimed": "Calls taken over from a worker that stopped renewing its lease",
+    "writes_dropped": "Bus writes dropped because an outage outlasted the write buffer",
 }
 
 
@@ -104,7 +108,7 @@ class _Callbacks(Collector):
                                 value=1 if s["draining"] else 0)
         yield GaugeMetricFamily("callgate_overloaded",
                                 "1 while new calls are refused for frame lag (gateway.overload)",
-                                value=1 if s.get("overloaded") else 0)
+                                value=1 if s["overloaded"] else 0)
         yield CounterMetricFamily("callgate_vad_batches", "Batched VAD inferences run",
                                   value=s["vad_batches"])
         yield CounterMetricFamily("callgate_vad_windows", "VAD windows scored (all calls)",
@@ -124,8 +128,10 @@ class GatewayMetrics:
                                       "Malformed or out-of-place Twilio frames skipped", registry=r)
         self.calls = Counter("callgate_calls", "Calls started", registry=r)
         self.calls_refused = Counter("callgate_calls_refused",
-                                     "Calls refused (capacity, draining, overload, bad token)", ["reason"],
-                                     registry=r)
+                                     "Calls refused (capacity, draining, overload, bad token)",
+                                     ["reason"], registry=r)
+        for reason in REFUSAL_REASONS:
+            self.calls_refused.labels(reason=reason)
         self.barge_ins = Counter("callgate_barge_ins", "Interrupts committed to the agent",
                                  ["reason"], registry=r)
         self.clears = Counter("callgate_clears", "clear messages sent to Twilio", registry=r)
@@ -157,6 +163,12 @@ class GatewayMetrics:
         r.register(self.frame_lag)
         self.active = Gauge("callgate_calls_streaming", "Calls with audio flowing", registry=r)
         r.register(_Callbacks(read_state))
+
+    def refused(self, reason: str) -> None:
+        """A call or media stream turned away (``reason``: one of :data:`REFUSAL_REASONS`)."""
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(f"unknown refusal reason {reason!r}")
+        self.calls_refused.labels(reason=reason).inc()
 
     def observe_event(self, event: dict[str, Any]) -> None:
         """A call's timeline listener."""

@@ -86,6 +86,11 @@ class Outcome:
     events: list[dict[str, Any]] = field(default_factory=list)
     clear: bool = False
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to send, tell or clear."""
+        return not (self.chunks or self.events or self.clear)
+
 
 @dataclass(frozen=True, slots=True)
 class _PendingMark:

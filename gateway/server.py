@@ -76,7 +76,7 @@ class GatewaySettings:
     token_ttl_s: float = 600.0
     max_calls: int = 200
     overload_lag_ms: float | None = 50.0
-    """New calls are refused while the p99 frame lag of the last 5 s is over this
+    """New calls are refused while the p99 frame lag of the last 4-5 s is over this
     (:class:`gateway.overload.LagGuard`); None: only ``max_calls`` limits."""
     agent_for_number: Callable[[str | None], str] = lambda _to: "default"
     call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
@@ -179,8 +179,8 @@ class GatewayApp:
         refusal = self.refusal()
         return web.json_response(
             {"ready": refusal is None, "draining": self.draining,
-             "overloaded": self.overload.overloaded, "calls": len(self.calls),
-             **({"reason": refusal} if refusal else {})},
+             "overloaded": refusal == "overloaded" or self.overload.overloaded,
+             "calls": len(self.calls), **({"reason": refusal} if refusal else {})},
             status=200 if refusal is None else 503,
         )
 
@@ -208,7 +208,7 @@ class GatewayApp:
         reason = self.refusal()
         if reason is not None:
             log.warning("refusing call %s: gateway %s", call_sid, reason)
-            self.metrics.calls_refused.labels(reason=reason.replace(" ", "_")).inc()
+            self.metrics.refused(reason.replace(" ", "_"))
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
             return web.Response(text=str(response), content_type="application/xml")
@@ -251,7 +251,7 @@ class GatewayApp:
         if len(self.calls) >= self.settings.max_calls + max(1, self.settings.max_calls // 10):
             # The webhook already refuses calls at max_calls; this guards the machine against
             # sockets that skipped it.
-            self.metrics.calls_refused.labels(reason="socket_over_capacity").inc()
+            self.metrics.refused("socket_over_capacity")
             raise web.HTTPServiceUnavailable(text="gateway at capacity")
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 << 20)
         await ws.prepare(request)
@@ -281,7 +281,7 @@ class GatewayApp:
                     try:
                         await session.handle_text(msg.data)
                     except CallRejected as exc:
-                        self.metrics.calls_refused.labels(reason="token").inc()
+                        self.metrics.refused("token")
                         log.warning("closing media socket: %s", exc)
                         await ws.close(code=1008, message=b"call token refused")
                         break

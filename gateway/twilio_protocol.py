@@ -335,6 +335,12 @@ def _str(parent: Mapping[str, Any], key: str, where: str = "") -> str:
     return value
 
 
+def _is_uint_text(value: object) -> bool:
+    """A decimal string :func:`_uint` accepts (the media fast path checks with it too)."""
+    return (isinstance(value, str) and 0 < len(value) <= _MAX_NUMBER_DIGITS and value.isascii()
+            and value.isdigit())
+
+
 def _uint(parent: Mapping[str, Any], key: str, where: str = "") -> int:
     """A non-negative integer sent as a decimal string (Twilio's way) or a JSON integer.
 
@@ -343,7 +349,7 @@ def _uint(parent: Mapping[str, Any], key: str, where: str = "") -> int:
     """
     value = parent.get(key, _MISSING)
     if isinstance(value, str):
-        if not (0 < len(value) <= _MAX_NUMBER_DIGITS and value.isascii() and value.isdigit()):
+        if not _is_uint_text(value):
             _fail(f"{where}{key} must be a non-negative decimal integer, got {_clip(value)!r}")
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -443,12 +449,6 @@ def _parse_start(obj: Mapping[str, Any]) -> Start:
         media_format=media_format,
         custom_parameters=dict(params),
     )
-
-
-def _is_uint_text(value: object) -> bool:
-    """What :func:`_uint` accepts as a decimal string."""
-    return (type(value) is str and 0 < len(value) <= _MAX_NUMBER_DIGITS and value.isascii()
-            and value.isdigit())
 
 
 def _parse_media(obj: Mapping[str, Any], max_payload_bytes: int) -> Media:
@@ -741,6 +741,7 @@ def encode_message(message: InboundMessage) -> str:
 
 
 def _quoted(text: str) -> str:
+    """``text`` as a JSON string literal, escaped as :func:`_dumps` escapes it."""
     return json.dumps(text, ensure_ascii=False)
 
 

@@ -139,6 +139,5 @@ async def test_call_cpu_splits_the_call_logic_cost() -> None:
     row = await measure(3, 4.0)
     assert row["calls"] == 3 and row["mean_batch"] == pytest.approx(3.0, abs=0.5)
     parts = (row["silero_ms"], row["gate_features_ms"], row["engine_rest_ms"], row["call_logic_ms"])
-    assert all(p > 0 for p in parts)
-    assert sum(parts) == pytest.approx(row["ms_per_call_second"], rel=1e-6)
+    assert all(0 < p < row["ms_per_call_second"] for p in parts)
     assert row["bot_audio_s"] > 3 * 3.0 and row["marks_echoed"] > 3 * 50  # the bot talked

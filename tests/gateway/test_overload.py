@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -60,13 +61,43 @@ def test_guard_needs_enough_frames_to_judge() -> None:
     assert guard.overloaded
 
 
+def test_the_ring_clears_the_seconds_it_skips() -> None:
+    """Seconds with no frame at all still leave the window on time."""
+    clock = Clock()
+    guard = LagGuard(20.0, window_s=5, min_frames=10, clock=clock)
+    for _ in range(30):
+        guard.observe(0.5)  # second 0: all late
+    clock.t += 2  # second 2 (1 skipped)
+    for _ in range(30):
+        guard.observe(0.001)
+    assert guard.frames == 60 and guard.overloaded
+    clock.t += 2  # second 4: second 0 still in (0..4)
+    assert guard.frames == 60
+    clock.t += 1  # second 5: second 0 gone
+    assert guard.frames == 30 and not guard.overloaded
+    clock.t += 6  # window_s + 1 on: all gone
+    assert guard.frames == 0
+
+
+def test_the_quantile_is_exact() -> None:
+    """p90 over the limit means more than 10 % late: exactly 10 % is not (1 - 0.9 in floats
+    is just under 0.1)."""
+    clock = Clock()
+    guard = LagGuard(50.0, quantile=0.9, min_frames=10, clock=clock)
+    for k in range(10):
+        guard.observe(0.2 if k == 0 else 0.001)
+    assert not guard.overloaded
+    guard.observe(0.2)
+    assert guard.overloaded
+
+
 def test_an_idle_gateway_forgets_its_past() -> None:
     clock = Clock()
     guard = LagGuard(20.0, window_s=3, min_frames=10, clock=clock)
     for _ in range(50):
         guard.observe(0.5)
     assert guard.overloaded
-    clock.t += 3600
+    clock.t += 3601
     assert guard.frames == 0 and not guard.overloaded
 
 
@@ -89,11 +120,12 @@ FORM = {"CallSid": "CA" + "7" * 32, "AccountSid": "AC" + "2" * 32, "From": "+141
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[TestServer, GatewayApp]]:
-    settings = GatewaySettings(validate_signatures=False, overload_lag_ms=50.0)
-    app = build_app(settings, bus=EmbeddedBus(), vad=VadEngine())
+    app = build_app(GatewaySettings(validate_signatures=False), bus=EmbeddedBus(), vad=VadEngine())
     gw = app[GATEWAY_KEY]
-    # Judge from 20 frames on (the default, 500, is 10 s of one call's audio).
-    gw.overload = LagGuard(50.0, min_frames=20)
+    # The settings' guard, judging from 20 frames on (the default, 500, takes ~3 calls) on a
+    # clock that stands still, so every frame stays in the window however slow the test runs.
+    assert gw.overload.limit_ms == 50.0
+    gw.overload = LagGuard(50.0, min_frames=20, clock=Clock())
     async with TestServer(app) as srv:
         yield srv, gw
 
@@ -141,3 +173,22 @@ async def test_a_gateway_whose_frames_fall_behind_refuses_new_calls(server: Any)
             assert 'callgate_calls_refused_total{reason="overloaded"} 1.0' in metrics
             assert not ws.closed  # the call in progress is never cut
             assert len(gw.calls) == 1
+
+
+def test_the_config_sets_the_guard(tmp_path: Any) -> None:
+    """The shipped config's 50 ms, another value, and null (the guard off) reach the gateway."""
+    import yaml
+
+    from config import DEFAULT_CONFIG, ConfigHolder
+    from gateway.server import settings_from_config
+
+    shipped = yaml.safe_load(Path(DEFAULT_CONFIG).read_text())
+    for value, limit in (("keep", 50.0), (80, 80.0), (None, None)):
+        cfg = dict(shipped, server=dict(shipped["server"]))
+        if value != "keep":
+            cfg["server"]["overload_lag_ms"] = value
+        path = tmp_path / "agents.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        settings = settings_from_config(ConfigHolder(path))
+        assert settings.overload_lag_ms == limit
+        assert GatewayApp(settings, bus=EmbeddedBus(), vad=VadEngine()).overload.limit_ms == limit

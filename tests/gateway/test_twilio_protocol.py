@@ -495,7 +495,16 @@ def test_media_fast_path_agrees_one_field_off(key: str, value: object) -> None:
         except ProtocolError as exc:
             results.append((type(exc), str(exc)))
     assert results[0] == results[1]
-    assert tp._parse_media(_VALID_MEDIA, 24).payload == b"\x01\x02\x03"
+
+
+def test_media_fast_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    def checked(*args: object) -> None:
+        raise AssertionError("the checked parser ran on a frame as Twilio writes it")
+
+    monkeypatch.setattr(tp, "_parse_media_checked", checked)
+    msg = tp._parse_media(_VALID_MEDIA, 24)
+    assert (msg.sequence_number, msg.stream_sid, msg.track, msg.chunk, msg.timestamp_ms,
+            msg.payload) == (7, "MZ1", "inbound", 6, 100, b"\x01\x02\x03")
 
 
 def test_outbound_round_trip() -> None:
