@@ -12,6 +12,10 @@ Why it matters: the issue's goal (300 real-time calls on one core) leaves 1000 /
 of CPU per call-second for *everything*: WebSocket traffic, Silero, echo gate, policy, playback,
 bus. The rows here say how much of that the traffic takes before any of the rest runs.
 ``--silent`` drops the outbound audio (the bot never talks): inbound frames only.
+
+Read the rows with the server's load in mind: at low N the bare server is mostly idle, and each
+message also pays for waking it (that is much of the kernel share then); a busy gateway pays less
+of that per message. The row where the server is nearly busy is the fair floor.
 """
 
 from __future__ import annotations
