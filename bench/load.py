@@ -36,6 +36,8 @@ up, ``--warmup`` seconds after the last one started) and after it. Figures:
 
 Goal (the issue): at least 300 concurrent real-time calls on one core with p99 frame lag under
 20 ms. A step meets it when every call ran to its end and the steady-window p99 lag < ``--goal-ms``.
+``--repeat R`` runs each N R times and keeps the median run, the goal met only if most runs
+met it (single runs of one N differ a lot on this machine class).
 ``--quick`` is a smoke run (5 calls, 5 s); ``--json PATH`` writes every figure; ``--profile DIR``
 records the gateway with py-spy over each steady window (``pip install py-spy``).
 """
@@ -61,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bench_config", "bucket_delta", "buckets", "histogram_quantile", "main", "parse_metrics"]
+__all__ = ["bench_config", "bucket_delta", "buckets", "combine_runs", "histogram_quantile", "main",
+           "parse_metrics"]
 
 _REPO = Path(__file__).resolve().parents[1]
 RECORDINGS = _REPO / "tests" / "recordings"
@@ -504,6 +507,25 @@ def _row(n: int, args: argparse.Namespace, before: Scrape, w0: Scrape, w1: Scrap
     return row
 
 
+def combine_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for ``--repeat`` runs of the same N: the run with the median p99 lag (the lower
+    median for an even count; runs without frames last), its goal met only if most runs met
+    it. One run on this machine class is not enough: identical runs' p99 lag spread 15-90 ms at
+    62 calls (README, Benchmarks)."""
+    if len(runs) == 1:
+        return runs[0]
+    ordered = sorted(runs, key=lambda r: (r["lag_p99_ms"] is None, r["lag_p99_ms"] or 0.0))
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    met = sum(1 for r in runs if r["goal_met"])
+    row["runs"] = len(runs)
+    row["runs_met"] = met
+    row["lag_p99_runs_ms"] = [r["lag_p99_ms"] for r in runs]
+    row["cpu_s_per_call_min_runs"] = [r["cpu_s_per_call_min"] for r in runs]
+    row["goal_met"] = 2 * met > len(runs)
+    row["why"] = "" if row["goal_met"] else f"met in {met} of {len(runs)} runs"
+    return row
+
+
 # -- output --------------------------------------------------------------------------------------
 def _f(x: float | None, fmt: str = "{:.1f}", none: str = "-") -> str:
     return none if x is None else fmt.format(x)
@@ -530,6 +552,9 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, out: Any =
                  f"{_f(r['barge_in_client_max_ms'], '{:.0f}')} ms "
                  f"({r['barge_in_measured']}/{r['barge_in_expected']})")
         goal = "yes" if r["goal_met"] else f"no ({r['why']})"
+        if r.get("runs", 1) > 1:
+            spread = ", ".join(_f(x, "{:.1f}") for x in r["lag_p99_runs_ms"])
+            goal += f" [{r['runs_met']}/{r['runs']} runs; p99s {spread} ms]"
         if not r["load_side_ok"]:
             goal += " [load side fell behind]"
         lines.append((
@@ -591,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None,
                    help="the steady window starts this long after the last call started (2)")
     p.add_argument("--goal-ms", type=float, default=20.0, help="p99 frame lag goal")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per N: the row is the median run, the goal met if most runs met it")
     p.add_argument("--issue-goal-calls", type=int, default=300,
                    help="the issue's capacity goal, in calls per core")
     p.add_argument("--recordings", type=Path, default=RECORDINGS)
@@ -655,6 +682,8 @@ def _resolve(args: argparse.Namespace) -> None:
         raise SystemExit("--call-seconds must exceed --stagger + --warmup by at least 0.6 s")
     if args.generators < 1:
         raise SystemExit("--generators must be at least 1")
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be at least 1")
 
 
 def _cpus(args: argparse.Namespace) -> tuple[int | None, int | None]:
@@ -693,9 +722,14 @@ def main(argv: list[str] | None = None) -> int:
 
         def step(n: int) -> dict[str, Any]:
             nonlocal step_no
-            step_no += 1
             t = time.monotonic()
-            row = run_step(system, n, step_no, args, rng, run_tag)
+            runs = []
+            for _ in range(args.repeat):
+                step_no += 1
+                runs.append(run_step(system, n, step_no, args, rng, run_tag))
+                if len(runs) < args.repeat:
+                    time.sleep(1.0)
+            row = combine_runs(runs)
             done[n] = row
             rows.append(row)
             print(f"  {n} calls: p99 lag {_f(row['lag_p99_ms'])} ms, gateway CPU "
