@@ -166,11 +166,12 @@ class GatewayApp:
         return web.json_response({"status": "ok", "calls": len(self.calls)})
 
     def refusal(self) -> str | None:
-        """Why a new call would be refused now (None: it is welcome)."""
+        """Why a new call would be refused now, as counted in ``callgate_calls_refused_total``
+        (None: it is welcome)."""
         if self.draining:
             return "draining"
         if len(self.calls) >= self.settings.max_calls:
-            return "at capacity"
+            return "at_capacity"
         if self.overload.overloaded:
             return "overloaded"
         return None
@@ -179,7 +180,7 @@ class GatewayApp:
         refusal = self.refusal()
         return web.json_response(
             {"ready": refusal is None, "draining": self.draining,
-             "overloaded": refusal == "overloaded" or self.overload.overloaded,
+             "overloaded": self.overload.overloaded,
              "calls": len(self.calls), **({"reason": refusal} if refusal else {})},
             status=200 if refusal is None else 503,
         )
@@ -207,8 +208,8 @@ class GatewayApp:
         response = VoiceResponse()
         reason = self.refusal()
         if reason is not None:
-            log.warning("refusing call %s: gateway %s", call_sid, reason)
-            self.metrics.refused(reason.replace(" ", "_"))
+            log.warning("refusing call %s: gateway %s", call_sid, reason.replace("_", " "))
+            self.metrics.refused(reason)
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
             return web.Response(text=str(response), content_type="application/xml")
@@ -296,8 +297,9 @@ class GatewayApp:
                         # Unlike receive-to-done, it counts frames waiting in socket buffers.
                         offset = time.perf_counter() - session.now_ms / 1000
                         clock_base = offset if clock_base is None else min(clock_base, offset)
-                        self.metrics.frame_lag.observe(offset - clock_base)
-                        self.overload.observe(offset - clock_base)
+                        lag = offset - clock_base
+                        self.metrics.frame_lag.observe(lag)
+                        self.overload.observe(lag)
                     if session.frames_skipped != skipped:
                         self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
