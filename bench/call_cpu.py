@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ._loadgen import MARK, MEDIA, LeanPlayout, _b64_len
-from .load import RECORDINGS
+from .load import RECORDINGS, recording_names
 
 __all__ = ["main", "measure"]
 
@@ -64,8 +64,7 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
     from gateway.call import CallSession
     from vad import VadEngine
 
-    names = sorted(p.name.removesuffix(".wav") for p in recordings.glob("*.wav")
-                   if not p.name.endswith(".bot.wav"))
+    names = recording_names(recordings)
     frames_of: dict[str, list[str]] = {}
     bot_of: dict[str, list[str]] = {}
     for name in names:

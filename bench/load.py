@@ -63,8 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._loadgen import percentile
+
 __all__ = ["bench_config", "bucket_delta", "buckets", "combine_runs", "histogram_quantile", "main",
-           "parse_metrics"]
+           "parse_metrics", "pick_cpus", "recording_names"]
 
 _REPO = Path(__file__).resolve().parents[1]
 RECORDINGS = _REPO / "tests" / "recordings"
@@ -151,6 +153,12 @@ def cpu_seconds(pid: int | None) -> float | None:
     """utime + stime of a process (all its threads)."""
     times = cpu_times(pid)
     return None if times is None else times[0] + times[1]
+
+
+def recording_names(folder: Path) -> list[str]:
+    """The callers' recordings in ``folder`` (``NAME.wav``; ``NAME.bot.wav`` is the bot's)."""
+    return sorted(p.name.removesuffix(".wav") for p in folder.glob("*.wav")
+                  if not p.name.endswith(".bot.wav"))
 
 
 def _free_port() -> int:
@@ -354,8 +362,6 @@ def _ms(x: float | None) -> float | None:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    from ._loadgen import percentile
-
     return percentile(sorted(values), q)
 
 
@@ -666,8 +672,7 @@ def _resolve(args: argparse.Namespace) -> None:
     if quick:
         args.max_calls = min(args.max_calls, max(args.calls))
         args.refine = 0
-    names = sorted(p.name[: -len(".wav")] for p in args.recordings.glob("*.wav")
-                   if not p.name.endswith(".bot.wav"))
+    names = recording_names(args.recordings)
     if args.only:
         wanted = [x.strip() for x in args.only.split(",") if x.strip()]
     elif quick:
@@ -686,20 +691,23 @@ def _resolve(args: argparse.Namespace) -> None:
         raise SystemExit("--repeat must be at least 1")
 
 
-def _cpus(args: argparse.Namespace) -> tuple[int | None, int | None]:
+def pick_cpus(gateway_cpu: int | None = None, load_cpu: int | None = None
+              ) -> tuple[int | None, int | None]:
+    """(the measured server's CPU, the load side's CPU): the first CPU this process may run on
+    and the next, unless given. Call it before this process pins itself."""
     if not hasattr(os, "sched_getaffinity"):
         return None, None
     cpus = sorted(os.sched_getaffinity(0))
-    gw = args.gateway_cpu if args.gateway_cpu is not None else cpus[0]
+    gw = gateway_cpu if gateway_cpu is not None else cpus[0]
     rest = [c for c in cpus if c != gw]
-    load = args.load_cpu if args.load_cpu is not None else (rest[0] if rest else gw)
+    load = load_cpu if load_cpu is not None else (rest[0] if rest else gw)
     return gw, load
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _resolve(args)
-    gateway_cpu, load_cpu = _cpus(args)
+    gateway_cpu, load_cpu = pick_cpus(args.gateway_cpu, args.load_cpu)
     if load_cpu is not None:
         os.sched_setaffinity(0, {load_cpu})
     started = time.monotonic()

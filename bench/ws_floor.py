@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load import RECORDINGS, _free_port, _plan_calls, cpu_times
+from .load import RECORDINGS, _free_port, _plan_calls, cpu_times, pick_cpus, recording_names
 
 __all__ = ["main", "run_floor"]
 
@@ -40,18 +40,11 @@ _REPO = Path(__file__).resolve().parents[1]
 GOAL_CALLS = 300
 
 
-def _cpus() -> tuple[int | None, int | None]:
-    if not hasattr(os, "sched_getaffinity"):
-        return None, None
-    cpus = sorted(os.sched_getaffinity(0))
-    return cpus[0], (cpus[1] if len(cpus) > 1 else cpus[0])
-
-
 def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int,
               cpus: tuple[int | None, int | None], recordings: Path = RECORDINGS
               ) -> dict[str, Any]:
     """One step: a fresh floor server, ``n`` calls, the server's CPU over the steady window.
-    ``cpus``: (the server's CPU, the load generator's CPU), from :func:`_cpus`."""
+    ``cpus``: (the server's CPU, the load generator's CPU), from :func:`bench.load.pick_cpus`."""
     server_cpu, load_cpu = cpus
     port = _free_port()
     cmd = [sys.executable, "-m", "bench._floor_server", str(port)] + (["--silent"] if silent else [])
@@ -64,9 +57,8 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
         assert server.stdout is not None
         if server.stdout.readline().strip() != "up":
             raise SystemExit("the floor server did not start")
-        names = sorted(p.name.removesuffix(".wav") for p in recordings.glob("*.wav")
-                       if not p.name.endswith(".bot.wav"))
-        calls = _plan_calls(n, 1, names, stagger, random.Random(seed), "f100r")
+        calls = _plan_calls(n, 1, recording_names(recordings), stagger, random.Random(seed),
+                            "f100r")
         window = (stagger + 2.0, seconds - 0.5)
         plan = {"url": f"ws://127.0.0.1:{port}/twilio/media", "recordings_dir": str(recordings),
                 "call_seconds": seconds, "window": window, "calls": calls, "cpu": load_cpu}
@@ -124,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cpus = _cpus()  # before this process pins itself to the load CPU
+    cpus = pick_cpus()  # before this process pins itself to the load CPU
     load_cpu = cpus[1]
     if load_cpu is not None:
         os.sched_setaffinity(0, {load_cpu})

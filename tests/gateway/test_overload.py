@@ -20,6 +20,11 @@ from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
 from vad import VadEngine
 
 
+def _feed(guard: LagGuard, count: int, lag_s: float) -> None:
+    for _ in range(count):
+        guard.observe(lag_s)
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 1000.0
@@ -31,19 +36,15 @@ class Clock:
 def test_guard_trips_on_the_window_p99_and_lifts_once_it_rolls_out() -> None:
     clock = Clock()
     guard = LagGuard(50.0, window_s=5, min_frames=100, clock=clock)
-    for _ in range(990):
-        guard.observe(0.010)
-    for _ in range(10):  # exactly 1 % late: the p99 is not over the limit yet
-        guard.observe(0.200)
+    _feed(guard, 990, 0.010)
+    _feed(guard, 10, 0.200)  # exactly 1 % late: the p99 is not over the limit yet
     assert guard.frames == 1000 and not guard.overloaded
-    for _ in range(10):  # 2 % late
-        guard.observe(0.051)
+    _feed(guard, 10, 0.051)  # 2 % late
     assert guard.overloaded
     assert guard.late_share == pytest.approx(20 / 1010)
     for _ in range(4):  # the late second is still in the window: 20 late of 1410
         clock.t += 1
-        for _ in range(100):
-            guard.observe(0.001)
+        _feed(guard, 100, 0.001)
     assert guard.overloaded
     clock.t += 1  # ... and now it is not
     assert guard.late_share == 0.0
@@ -54,8 +55,7 @@ def test_guard_trips_on_the_window_p99_and_lifts_once_it_rolls_out() -> None:
 def test_guard_needs_enough_frames_to_judge() -> None:
     clock = Clock()
     guard = LagGuard(50.0, min_frames=500, clock=clock)
-    for _ in range(499):
-        guard.observe(1.0)  # every frame a second late, but too few to call it an overload
+    _feed(guard, 499, 1.0)  # every frame a second late, but too few to call it an overload
     assert not guard.overloaded
     guard.observe(1.0)
     assert guard.overloaded
@@ -65,11 +65,9 @@ def test_the_ring_clears_the_seconds_it_skips() -> None:
     """Seconds with no frame at all still leave the window on time."""
     clock = Clock()
     guard = LagGuard(20.0, window_s=5, min_frames=10, clock=clock)
-    for _ in range(30):
-        guard.observe(0.5)  # second 0: all late
+    _feed(guard, 30, 0.5)  # second 0: all late
     clock.t += 2  # second 2 (1 skipped)
-    for _ in range(30):
-        guard.observe(0.001)
+    _feed(guard, 30, 0.001)
     assert guard.frames == 60 and guard.overloaded
     clock.t += 2  # second 4: second 0 still in (0..4)
     assert guard.frames == 60
@@ -94,8 +92,7 @@ def test_the_quantile_is_exact() -> None:
 def test_an_idle_gateway_forgets_its_past() -> None:
     clock = Clock()
     guard = LagGuard(20.0, window_s=3, min_frames=10, clock=clock)
-    for _ in range(50):
-        guard.observe(0.5)
+    _feed(guard, 50, 0.5)
     assert guard.overloaded
     clock.t += 3601
     assert guard.frames == 0 and not guard.overloaded
@@ -103,8 +100,7 @@ def test_an_idle_gateway_forgets_its_past() -> None:
 
 def test_guard_off_and_bad_settings() -> None:
     guard = LagGuard(None, min_frames=1)
-    for _ in range(10):
-        guard.observe(10.0)
+    _feed(guard, 10, 10.0)
     assert not guard.overloaded and guard.frames == 0
     with pytest.raises(ValueError, match="limit_ms"):
         LagGuard(0.0)
