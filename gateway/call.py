@@ -43,6 +43,7 @@ from vad import (
 
 from . import twilio_protocol as tp
 from .audio import TELEPHONY_RATE, ulaw_to_float32, ulaw_to_pcm16
+from .logs import RateLimitedLog
 from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
 from .timeline import Timeline
 
@@ -50,6 +51,8 @@ __all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
 
 log = logging.getLogger("callgate.call")
 
+# One line per 10 s for the whole process, with the count: a peer may send thousands a second.
+SKIPPED_FRAMES = RateLimitedLog(log, "skipped Twilio frames", interval_s=10.0)
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
 
@@ -195,7 +198,7 @@ class CallSession:
 
     def _skip(self, reason: str) -> None:
         self.frames_skipped += 1
-        self._log.warning("skipped Twilio frame: %s", reason)
+        SKIPPED_FRAMES.warning("skipped Twilio frame: %s", reason, extra=self._log.extra)
 
     async def _on_start(self, msg: tp.Start) -> None:
         if self.phase is not CallPhase.CONNECTED:

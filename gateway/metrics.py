@@ -21,9 +21,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.0)
 
-REFUSAL_REASONS = ("draining", "at_capacity", "overloaded", "socket_over_capacity", "token")
+REFUSAL_REASONS = ("draining", "at_capacity", "overloaded", "socket_over_capacity", "token",
+                   "unhealthy", "duplicate_stream", "pending_sockets", "start_timeout")
 """The ``reason`` label of ``callgate_calls_refused_total`` (deploy/prometheus/alerts.yaml
-names them; every series exists from start-up, at 0, so the first refusal is an increase)."""
+names them; every series exists from start-up, at 0, so the first refusal is an increase).
+``unhealthy``: a part the gateway needs is down (the in-process worker); ``duplicate_stream``:
+a second stream for a call with a live one; ``pending_sockets``: too many sockets without a
+``start``; ``start_timeout``: a socket closed for sending no valid ``start`` in time."""
 
 BUS_COUNTERS = {
     "outages": "Times the bus lost its server (Redis)",
@@ -107,8 +111,15 @@ class _Callbacks(Collector):
         yield GaugeMetricFamily("callgate_draining", "1 while the gateway drains",
                                 value=1 if s["draining"] else 0)
         yield GaugeMetricFamily("callgate_overloaded",
-                                "1 while new calls are refused for frame lag (gateway.overload)",
+                                "1 while new calls are refused because the gateway runs late "
+                                "(frame processing or event loop, gateway.overload)",
                                 value=1 if s["overloaded"] else 0)
+        yield GaugeMetricFamily("callgate_calls_reserved",
+                                "Webhooks answered whose stream has not started yet",
+                                value=s.get("reserved", 0))
+        yield GaugeMetricFamily("callgate_sockets_pending",
+                                "Media sockets open without a valid start yet",
+                                value=s.get("sockets_pending", 0))
         yield CounterMetricFamily("callgate_vad_batches", "Batched VAD inferences run",
                                   value=s["vad_batches"])
         yield CounterMetricFamily("callgate_vad_windows", "VAD windows scored (all calls)",
@@ -159,8 +170,14 @@ class GatewayMetrics:
             "How far behind its media time a frame is done, against the call's best frame",
             lag_buckets,
         )
+        self.loop_lag = FrameHistogram(
+            "callgate_event_loop_lag_seconds",
+            "How late the event loop ran a 20 ms timer (gateway.overload's probe)",
+            lag_buckets,
+        )
         r.register(self.frame_receive_to_done)
         r.register(self.frame_lag)
+        r.register(self.loop_lag)
         self.active = Gauge("callgate_calls_streaming", "Calls with audio flowing", registry=r)
         r.register(_Callbacks(read_state))
 

@@ -5,10 +5,22 @@ audio (echo, noise and speech cost the gate and features more than silence) and 
 the core: on the reference machine the same gateway ran 50 calls at a p99 frame lag of 17 ms and
 62-100 calls at 49-90 ms, one run to the next (README, Benchmarks). Past that point every call
 suffers at once: barge-in is late, the bot's audio is late, marks echo late. So the gateway also
-watches what its callers would notice, the frame lag (how far behind its own media time each
-inbound frame is done), and while the p99 of the last few seconds is over ``limit_ms`` it refuses
-new calls politely (busy TwiML, ``/readyz`` 503) so the load balancer and Twilio send them
-elsewhere. Calls in progress are never cut.
+watches its own lateness, and while it is over ``limit_ms`` it refuses new calls politely (busy
+TwiML, ``/readyz`` 503) so the load balancer and Twilio send them elsewhere. Calls in progress are
+never cut.
+
+What counts as the gateway's lateness (:class:`OverloadGuard`), and what does not:
+
+1. *Processing time per frame*: from the handler taking a frame off its socket to the frame
+   fully done (VAD batch, decision, sends). A gateway short of CPU is slow here for every call.
+2. *Event-loop lag*: how late a timer the loop set fires (:meth:`OverloadGuard.probe`, every
+   20 ms). A saturated loop runs every callback late, frames waiting in socket buffers included,
+   which (1) cannot see: a frame's clock starts only when the handler gets to it.
+3. Not the frame's lag behind its media time. That lag is also what one caller's network adds:
+   a call whose frames arrive in 200 ms bursts (a TCP retransmission stall) has 1 frame in 10
+   on time and the rest up to 180 ms "late", which is over any p99 limit, and a guard judging by
+   it refused every new call (17 of 17) on an idle gateway. The media-clock lag stays a metric
+   (``callgate_frame_lag_seconds``), not a reason to refuse.
 
 Why p99 over a window and not the last frame: one slow frame (a GC pass, a burst of starts) is
 not an overload, and a guard that flaps would refuse and accept calls every few frames. The
@@ -18,11 +30,12 @@ window also holds the guard down: it lifts only once the late seconds have left 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from fractions import Fraction
 
-__all__ = ["LagGuard"]
+__all__ = ["LagGuard", "OverloadGuard"]
 
 
 class LagGuard:
@@ -97,3 +110,69 @@ class LagGuard:
         self._roll()
         total = sum(self._frames)
         return total >= self._min_frames and sum(self._late) > self._late_share * total
+
+
+class OverloadGuard:
+    """The gateway's own lateness: per-frame processing time and event-loop lag.
+
+    Two :class:`LagGuard` over the same window and limit: ``frames`` gets every frame's
+    processing time (p99, from ``min_frames`` frames on, as before), ``loop`` the lateness of
+    a timer the loop sets every ``probe_interval_s`` (:meth:`probe`, a task the app runs).
+    Overloaded when either is. The loop's judgement uses the p95 of its probes: one probe is
+    late once per stall however long the stall, so a 150 ms GC pass is one late probe out of
+    250 in the window, not an overload; being late on 1 probe in 20 is.
+    """
+
+    def __init__(self, limit_ms: float | None, *, window_s: int = 5, min_frames: int = 500,
+                 probe_interval_s: float = 0.020,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not probe_interval_s > 0:
+            raise ValueError(f"probe_interval_s must be positive, got {probe_interval_s!r}")
+        self.probe_interval_s = probe_interval_s
+        self._window_s, self._min_frames, self._clock = window_s, min_frames, clock
+        self.last_loop_lag_s = 0.0
+        self.set_limit(limit_ms)
+
+    def set_limit(self, limit_ms: float | None) -> None:
+        """A new limit (a config reload); the window starts afresh."""
+        self.limit_ms = limit_ms
+        self.frames = LagGuard(limit_ms, window_s=self._window_s, min_frames=self._min_frames,
+                               clock=self._clock)
+        # Half the window's probes: the loop has run at least half of this window.
+        probes = max(1, int(self._window_s / self.probe_interval_s) // 2)
+        self.loop = LagGuard(limit_ms, window_s=self._window_s, quantile=0.95,
+                             min_frames=probes, clock=self._clock)
+
+    def observe_frame(self, processing_s: float) -> None:
+        """One media frame, fully processed ``processing_s`` after the handler took it."""
+        self.frames.observe(processing_s)
+
+    def observe_loop(self, lag_s: float) -> None:
+        """One probe of the event loop, its timer fired ``lag_s`` late."""
+        self.last_loop_lag_s = lag_s
+        self.loop.observe(lag_s)
+
+    @property
+    def overloaded(self) -> bool:
+        return self.frames.overloaded or self.loop.overloaded
+
+    @property
+    def reason(self) -> str | None:
+        """What is late (``"frame processing"``, ``"event loop"``), or None."""
+        if self.frames.overloaded:
+            return "frame processing"
+        if self.loop.overloaded:
+            return "event loop"
+        return None
+
+    async def probe(self, observe: Callable[[float], None] | None = None) -> None:
+        """Measure the event loop's lag until cancelled: sleep ``probe_interval_s``, observe
+        how much later than that the loop woke us (``observe``: also handed each lag)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.probe_interval_s)
+            lag = max(0.0, loop.time() - start - self.probe_interval_s)
+            self.observe_loop(lag)
+            if observe is not None:
+                observe(lag)

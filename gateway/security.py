@@ -11,7 +11,8 @@ Two independent checks, because neither is enough alone:
 Why the token as well: Twilio signs the WebSocket upgrade over the bare ``wss://`` URL with no
 parameters, so that signature is the *same for every call* to a given URL. Anyone who sees one
 upgrade request (a proxy log, say) can replay the header forever. The per-call token is what
-ties a stream to one call for a few minutes. It rides in ``start.customParameters`` because
+ties a stream to one call, once: :meth:`CallTokens.redeem` spends it, so a second stream with
+the same token (a replayed upgrade and ``start``) is refused even while the first one lives. It rides in ``start.customParameters`` because
 Twilio does not support query strings on ``<Stream url>`` (error 31920).
 
 Errors::
@@ -21,7 +22,8 @@ Errors::
         ├── MalformedToken         not a token this module issued (garbage, truncated, wrong shape)
         ├── TamperedToken          the signature does not match (forged, edited, other secret)
         ├── WrongCallToken         valid, but issued for another call
-        └── ExpiredToken           valid, but past its expiry
+        ├── ExpiredToken           valid, but past its expiry
+        └── ReusedToken            valid, but a stream already started with it (single use)
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "ExpiredToken",
     "InvalidToken",
     "MalformedToken",
+    "ReusedToken",
     "SecurityError",
     "SignatureValidator",
     "TamperedToken",
@@ -90,6 +93,10 @@ class WrongCallToken(InvalidToken):
 
 class ExpiredToken(InvalidToken):
     """Genuine, but its lifetime is over (the stream opened too long after the webhook)."""
+
+
+class ReusedToken(InvalidToken):
+    """Genuine, but already spent: a stream started with it before (tokens are single-use)."""
 
 
 # --- Twilio signatures --------------------------------------------------------------------------
@@ -230,11 +237,14 @@ class TokenClaims:
         call_sid: the call the token was issued for (``CA...``).
         agent: the agent the webhook routed the call to.
         expires_at: Unix time (seconds, as the injected clock counts) after which it is refused.
+        token_id: what identifies this one token among those issued (its MAC): the key under
+            which :meth:`CallTokens.redeem` records it as spent.
     """
 
     call_sid: str
     agent: str
     expires_at: float
+    token_id: str = ""
 
 
 class CallTokens:
@@ -273,6 +283,21 @@ class CallTokens:
         self._secret = bytes(secret)
         self._ttl_s = float(ttl_s)
         self._clock = clock
+        # token_id -> expiry of every token a stream started with; an entry is useless once
+        # the token has expired (verify refuses it anyway), so the map holds at most the
+        # tokens redeemed in the last ttl_s.
+        self._spent: dict[str, float] = {}
+        self._next_purge = 0.0
+
+    @property
+    def spent(self) -> int:
+        """Spent tokens remembered (those redeemed, until they expire)."""
+        return len(self._spent)
+
+    @property
+    def ttl_s(self) -> float:
+        """Lifetime of an issued token, seconds."""
+        return self._ttl_s
 
     def _mac(self, body: str) -> str:
         digest = hmac.new(self._secret, _DOMAIN + body.encode("ascii"), hashlib.sha256).digest()
@@ -335,4 +360,26 @@ class CallTokens:
             raise WrongCallToken(f"token was issued for call {tok_call}, not {call_sid}")
         if self._clock() >= expires:
             raise ExpiredToken(f"token expired at {expires:.0f}")
-        return TokenClaims(call_sid=tok_call, agent=agent, expires_at=float(expires))
+        return TokenClaims(call_sid=tok_call, agent=agent, expires_at=float(expires),
+                           token_id=mac)
+
+    def redeem(self, token: str, *, call_sid: str) -> TokenClaims:
+        """:meth:`verify` the token and spend it: a stream may start with a token once.
+
+        Twilio opens one stream per ``<Stream>`` it fetched, so a second ``start`` carrying
+        the same token is a replay (or a copy of the first stream's traffic), never Twilio.
+        Spent tokens are remembered until they expire, in this process: gateways behind one
+        load balancer each refuse reuse of the tokens their streams redeemed.
+
+        Raises:
+            InvalidToken: every refusal of :meth:`verify`, and :class:`ReusedToken`.
+        """
+        now = self._clock()
+        if now >= self._next_purge:
+            self._spent = {k: e for k, e in self._spent.items() if e > now}
+            self._next_purge = now + min(self._ttl_s, 60.0)
+        claims = self.verify(token, call_sid=call_sid)
+        if claims.token_id in self._spent:
+            raise ReusedToken(f"token for call {call_sid} was already used by another stream")
+        self._spent[claims.token_id] = claims.expires_at
+        return claims

@@ -6,11 +6,18 @@ Routes:
   configured public URL, picks the agent of the dialled number, and answers TwiML
   ``<Connect><Stream url="wss://.../twilio/media">`` with a per-call token in ``<Parameter>``.
 * ``GET /twilio/media``: the bidirectional Media Streams WebSocket. The upgrade's signature is
-  checked against the ``wss://`` URL the TwiML named; the ``start`` message must carry the token
-  issued for that call (a signature alone can be replayed: Twilio signs the same URL every time).
-  One task per call runs its :class:`gateway.call.CallSession`.
-* ``GET /healthz``: liveness; ``GET /readyz``: readiness (fails while draining, full or
-  overloaded: the calls in progress fall behind their audio, see :mod:`gateway.overload`).
+  checked against the ``wss://`` URL the TwiML named; the ``start`` message must come within
+  ``start_timeout_s`` and carry the token issued for that call, unused (a signature alone can be
+  replayed: Twilio signs the same URL every time). One task per call runs its
+  :class:`gateway.call.CallSession`.
+* ``GET /healthz``: liveness; ``GET /readyz``: readiness (fails while draining, full,
+  overloaded (the gateway itself runs late, see :mod:`gateway.overload`) or unhealthy (a part
+  it needs, such as the in-process worker, has died)).
+
+Admission counts a call from its webhook: the webhook reserves a place for ``reservation_s``,
+the stream's ``start`` takes it, so calls whose webhooks arrive together cannot overshoot
+``max_calls`` (40 webhooks in one instant all got ``<Connect>`` when only started streams were
+counted). A second stream for a call that has a live one is refused, whatever it carries.
 
 Signature checks can be switched off only explicitly (``validate_signatures: false``), with a
 warning at start-up and on every call, for local development without a Twilio account.
@@ -24,6 +31,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import secrets
@@ -41,8 +49,9 @@ from vad import BargeInSettings, EchoGateSettings, VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
+from .logs import RateLimitedLog
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
-from .overload import LagGuard
+from .overload import OverloadGuard
 from .security import SIGNATURE_HEADER, CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
@@ -50,6 +59,7 @@ __all__ = [
     "GATEWAY_KEY",
     "GatewayApp",
     "GatewaySettings",
+    "StreamRefused",
     "build_app",
     "call_settings_from",
     "run_worker",
@@ -58,6 +68,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("callgate.gateway")
+# What a peer can make happen at will is logged at most once per 10 s, with a count.
+_BINARY_FRAMES = RateLimitedLog(log, "binary frames skipped", interval_s=10.0)
+_NO_START = RateLimitedLog(log, "media sockets closed without a valid start", interval_s=10.0)
+_SOCKETS_REFUSED = RateLimitedLog(log, "media upgrades refused", interval_s=10.0)
 
 VOICE_PATH = "/twilio/voice"
 MEDIA_PATH = "/twilio/media"
@@ -73,8 +87,19 @@ class GatewaySettings:
     auth_token: str | None = None
     validate_signatures: bool = True
     token_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    token_ttl_s: float = 600.0
+    token_ttl_s: float = 60.0
+    """How long after the webhook a stream may start with its token (Twilio opens it within a
+    second or two); a token is also good for one stream only."""
     max_calls: int = 200
+    """Calls at once, counted from the webhook (a reservation) to the stream's end."""
+    reservation_s: float = 15.0
+    """How long the webhook's reservation holds a place for the stream that should follow; a
+    call whose stream never comes (the caller hung up first) frees it after this."""
+    start_timeout_s: float = 10.0
+    """An upgraded media socket without a valid ``start`` after this long is closed (1008)."""
+    max_pending_sockets: int = 50
+    """Media sockets at once that have not sent a valid ``start`` yet; more get 503. Twilio's
+    own sockets spend milliseconds in this state, so 50 is 50 calls opening in one instant."""
     overload_lag_ms: float | None = 50.0
     """New calls are refused while the p99 frame lag of the last 4-5 s is over this
     (:class:`gateway.overload.LagGuard`); None: only ``max_calls`` limits."""
@@ -84,11 +109,26 @@ class GatewaySettings:
     """Agent name -> its speech to text (``speech.Transcriber``), or None for no transcripts."""
 
     def __post_init__(self) -> None:
-        if self.validate_signatures and not self.auth_token:
-            raise ValueError(
-                "validate_signatures is on but no Twilio auth token is configured "
-                "(set TWILIO_AUTH_TOKEN, or switch validation off explicitly for development)"
-            )
+        check_security(self.validate_signatures, self.auth_token)
+
+
+def check_security(validate_signatures: bool, auth_token: str | None) -> None:
+    """Refuse validation without a token to validate with (at start and on reload)."""
+    if validate_signatures and not auth_token:
+        raise ValueError(
+            "validate_signatures is on but no Twilio auth token is configured "
+            "(set TWILIO_AUTH_TOKEN, or switch validation off explicitly for development)"
+        )
+
+
+class StreamRefused(CallRejected):
+    """A ``start`` the gateway turns away; ``reason`` is its label in
+    ``callgate_calls_refused_total`` and ``close_message`` what the peer is told."""
+
+    def __init__(self, message: str, *, reason: str, close_message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.close_message = close_message
 
 
 def _public_urls(settings: GatewaySettings, request: web.Request) -> tuple[str, str]:
@@ -121,7 +161,17 @@ class GatewayApp:
         self.completed: deque[dict[str, object]] = deque(maxlen=256)
         """Summaries of recently ended calls (for operators and tests)."""
         self.draining = False
-        self.overload = LagGuard(settings.overload_lag_ms)
+        self.overload = OverloadGuard(settings.overload_lag_ms)
+        self._reservations: dict[str, float] = {}
+        """call SID -> monotonic deadline: webhooks answered whose stream has not started."""
+        self._live: set[str] = set()
+        """Call SIDs with an authorised stream (from its ``start`` to its end)."""
+        self.sockets_open = 0
+        """Media sockets upgraded and not yet closed."""
+        self.sockets_pending = 0
+        """... of which have no valid ``start`` yet."""
+        self.problems: dict[str, str] = {}
+        """Part -> why it cannot work (e.g. ``worker``): readiness fails while any is here."""
         self.metrics = GatewayMetrics(self._metrics_state)
         if not settings.validate_signatures:
             log.warning(
@@ -130,6 +180,52 @@ class GatewayApp:
             )
 
     # -- routes ---------------------------------------------------------------------------
+    def reconfigure(self, *, public_url: str | None, auth_token: str | None,
+                    validate_signatures: bool, max_calls: int,
+                    overload_lag_ms: float | None) -> list[str]:
+        """Apply reloaded settings to new requests; returns the names of those that changed.
+
+        Raises:
+            ValueError: validation on without an auth token (nothing is changed).
+        """
+        check_security(validate_signatures, auth_token)
+        s = self.settings
+        changed = [name for name, old, new in (
+            ("public_url", s.public_url, public_url),
+            ("auth_token", s.auth_token, auth_token),
+            ("validate_signatures", s.validate_signatures, validate_signatures),
+            ("max_calls", s.max_calls, max_calls),
+            ("overload_lag_ms", s.overload_lag_ms, overload_lag_ms),
+        ) if old != new]
+        s.public_url, s.auth_token = public_url, auth_token
+        s.validate_signatures, s.max_calls = validate_signatures, max_calls
+        self.validator = SignatureValidator(auth_token) if auth_token else None
+        if "overload_lag_ms" in changed:
+            s.overload_lag_ms = overload_lag_ms
+            self.overload.set_limit(overload_lag_ms)
+        if "validate_signatures" in changed and not validate_signatures:
+            log.warning("Twilio signature validation switched OFF by a config reload")
+        return changed
+
+    def set_problem(self, part: str, reason: str | None) -> None:
+        """Mark ``part`` broken (readiness fails, new calls refused) or, with None, fixed."""
+        if reason is None:
+            self.problems.pop(part, None)
+        else:
+            self.problems[part] = reason
+
+    # -- admission -------------------------------------------------------------------------
+    def occupancy(self) -> int:
+        """Calls counted against ``max_calls``: live streams and unexpired reservations."""
+        now = time.monotonic()
+        expired = [sid for sid, deadline in self._reservations.items() if deadline <= now]
+        for sid in expired:
+            del self._reservations[sid]
+        return len(self._live) + len(self._reservations)
+
+    def _reserve(self, call_sid: str) -> None:
+        self._reservations[call_sid] = time.monotonic() + self.settings.reservation_s
+
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post(VOICE_PATH, self.voice_webhook),
@@ -143,6 +239,8 @@ class GatewayApp:
         stats = self.vad.stats
         return {
             "calls": len(self.calls),
+            "reserved": len(self._reservations),
+            "sockets_pending": self.sockets_pending,
             "draining": self.draining,
             "overloaded": self.overload.overloaded,
             "vad_batches": stats.batches,
@@ -165,12 +263,16 @@ class GatewayApp:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "calls": len(self.calls)})
 
-    def refusal(self) -> str | None:
+    def refusal(self, call_sid: str | None = None) -> str | None:
         """Why a new call would be refused now, as counted in ``callgate_calls_refused_total``
-        (None: it is welcome)."""
+        (None: it is welcome). ``call_sid``: a webhook Twilio retries for a call it already
+        holds a place for is not counted twice."""
         if self.draining:
             return "draining"
-        if len(self.calls) >= self.settings.max_calls:
+        if self.problems:
+            return "unhealthy"
+        held = 1 if call_sid is not None and call_sid in self._reservations else 0
+        if self.occupancy() - held >= self.settings.max_calls:
             return "at_capacity"
         if self.overload.overloaded:
             return "overloaded"
@@ -178,10 +280,17 @@ class GatewayApp:
 
     async def readyz(self, request: web.Request) -> web.Response:
         refusal = self.refusal()
+        extra: dict[str, object] = {}
+        if refusal:
+            extra["reason"] = refusal
+        if refusal == "overloaded":
+            extra["late"] = self.overload.reason
+        if self.problems:
+            extra["problems"] = dict(self.problems)
         return web.json_response(
             {"ready": refusal is None, "draining": self.draining,
              "overloaded": self.overload.overloaded,
-             "calls": len(self.calls), **({"reason": refusal} if refusal else {})},
+             "calls": len(self.calls), "reserved": len(self._reservations), **extra},
             status=200 if refusal is None else 503,
         )
 
@@ -206,13 +315,16 @@ class GatewayApp:
         if not call_sid.startswith("CA"):
             raise web.HTTPBadRequest(text="CallSid missing or malformed")
         response = VoiceResponse()
-        reason = self.refusal()
+        # No await from the check to the reservation: webhooks arriving together are counted
+        # one after the other, so they cannot all see the same free place.
+        reason = self.refusal(call_sid)
         if reason is not None:
             log.warning("refusing call %s: gateway %s", call_sid, reason.replace("_", " "))
             self.metrics.refused(reason)
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
             return web.Response(text=str(response), content_type="application/xml")
+        self._reserve(call_sid)
         agent = self.settings.agent_for_number(form.get("To"))
         token = self.tokens.issue(call_sid, agent)
         stream = Stream(url=media_url)
@@ -227,14 +339,30 @@ class GatewayApp:
         return web.Response(text=str(response), content_type="application/xml")
 
     async def _authorize(self, start: tp.Start) -> CallInfo:
+        """Admit a stream's ``start``: one live stream per call, its token unused, and a place
+        (the webhook's reservation, or a free one). Nothing awaits in here, so two starts
+        racing for one call cannot both pass."""
         params = start.custom_parameters
         agent = params.get("agent", "default")
+        sid = start.call_sid
+        if sid in self._live:
+            # A copy of a live call's stream would get the bot's audio, make the agent greet
+            # again, and end the real call with its `stop`.
+            raise StreamRefused(f"call {sid} already has a live stream",
+                                reason="duplicate_stream", close_message="call already streaming")
         if self.settings.validate_signatures:
             try:
-                claims = self.tokens.verify(params.get("token", ""), call_sid=start.call_sid)
+                claims = self.tokens.redeem(params.get("token", ""), call_sid=sid)
             except InvalidToken as exc:
-                raise CallRejected(f"call token refused: {exc.reason}") from exc
+                raise StreamRefused(f"call token refused: {exc.reason}", reason="token",
+                                    close_message="call token refused") from exc
             agent = claims.agent
+        if self._reservations.pop(sid, None) is None and self.occupancy() >= self.settings.max_calls:
+            # No webhook here reserved it (it expired, or another gateway answered the
+            # webhook): it needs a free place like any new call.
+            raise StreamRefused(f"call {sid} has no reservation and the gateway is full",
+                                reason="at_capacity", close_message="gateway at capacity")
+        self._live.add(sid)
         return CallInfo(
             call_sid=start.call_sid,
             stream_sid=start.stream_sid,
@@ -247,19 +375,46 @@ class GatewayApp:
     async def media_socket(self, request: web.Request) -> web.StreamResponse:
         _, media_url = _public_urls(self.settings, request)
         if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None):
-            log.warning("media socket rejected: bad or missing X-Twilio-Signature")
+            _SOCKETS_REFUSED.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
-        if len(self.calls) >= self.settings.max_calls + max(1, self.settings.max_calls // 10):
+        cap = self.settings.max_calls + max(1, self.settings.max_calls // 10)
+        if self.sockets_open >= cap:
             # The webhook already refuses calls at max_calls; this guards the machine against
-            # sockets that skipped it.
+            # sockets that skipped it (every open socket counts, started or not).
             self.metrics.refused("socket_over_capacity")
+            _SOCKETS_REFUSED.warning("media upgrade refused: %d sockets open", self.sockets_open)
             raise web.HTTPServiceUnavailable(text="gateway at capacity")
+        if self.sockets_pending >= self.settings.max_pending_sockets:
+            self.metrics.refused("pending_sockets")
+            _SOCKETS_REFUSED.warning("media upgrade refused: %d sockets waiting for start",
+                                     self.sockets_pending)
+            raise web.HTTPServiceUnavailable(text="too many streams starting")
+        # Counted before the first await, so upgrades arriving together see each other.
+        self.sockets_open += 1
+        self.sockets_pending += 1
+        pending = [True]
+
+        def started() -> None:
+            if pending[0]:
+                pending[0] = False
+                self.sockets_pending -= 1
+
+        try:
+            return await self._run_media_socket(request, started)
+        finally:
+            self.sockets_open -= 1
+            started()
+
+    async def _run_media_socket(self, request: web.Request,
+                                started: Callable[[], None]) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 << 20)
         await ws.prepare(request)
         session: CallSession | None = None
         downlink: asyncio.Task[None] | None = None
         clock_base: float | None = None
         media_ms = 0.0
+        loop = asyncio.get_running_loop()
+        start_deadline = loop.time() + self.settings.start_timeout_s
 
         async def send(text: str) -> None:
             if not ws.closed:
@@ -275,41 +430,66 @@ class GatewayApp:
                              else lambda info: self.settings.transcriber_for(info.agent)),  # type: ignore[misc]
         )
         try:
-            async for msg in ws:
+            while True:
+                if session.info is None:
+                    # Until a valid `start`, the socket holds a place among the pending ones
+                    # and may hold it only so long (a replayed upgrade buys nothing more).
+                    remaining = start_deadline - loop.time()
+                    try:
+                        if remaining <= 0:
+                            raise TimeoutError
+                        msg = await ws.receive(timeout=remaining)
+                    except TimeoutError:
+                        self.metrics.refused("start_timeout")
+                        _NO_START.warning("closing media socket: no valid start within %g s",
+                                          self.settings.start_timeout_s)
+                        await ws.close(code=1008, message=b"no start")
+                        break
+                else:
+                    msg = await ws.receive()
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
                 if msg.type is WSMsgType.TEXT:
                     received = time.perf_counter()
                     skipped = session.frames_skipped
                     try:
                         await session.handle_text(msg.data)
                     except CallRejected as exc:
-                        self.metrics.refused("token")
-                        log.warning("closing media socket: %s", exc)
-                        await ws.close(code=1008, message=b"call token refused")
+                        reason = exc.reason if isinstance(exc, StreamRefused) else "token"
+                        close = (exc.close_message if isinstance(exc, StreamRefused)
+                                 else "call token refused")
+                        self.metrics.refused(reason)
+                        _NO_START.warning("closing media socket: %s", exc)
+                        await ws.close(code=1008, message=close.encode())
                         break
+                    processing = time.perf_counter() - received
                     self.metrics.frames.inc()
-                    self.metrics.frame_receive_to_done.observe(time.perf_counter() - received)
+                    self.metrics.frame_receive_to_done.observe(processing)
                     if session.now_ms > media_ms:
                         # Only media frames advance the clock; mark echoes arrive whenever
                         # Twilio sends them and would read as lag against the last frame.
                         media_ms = session.now_ms
                         # Lag behind the media clock: how much later than its audio's own time
                         # a frame is done, against the call's best (first, unloaded) frames.
-                        # Unlike receive-to-done, it counts frames waiting in socket buffers.
+                        # Unlike receive-to-done, it counts frames waiting in socket buffers,
+                        # and the caller's network too: a metric, not the overload guard's
+                        # input (gateway/overload.py).
                         offset = time.perf_counter() - session.now_ms / 1000
                         clock_base = offset if clock_base is None else min(clock_base, offset)
-                        lag = offset - clock_base
-                        self.metrics.frame_lag.observe(lag)
-                        self.overload.observe(lag)
+                        self.metrics.frame_lag.observe(offset - clock_base)
+                        self.overload.observe_frame(processing)
                     if session.frames_skipped != skipped:
                         self.metrics.frames_skipped.inc(session.frames_skipped - skipped)
                     if session.info is not None and downlink is None:
+                        started()
                         self.calls[session.info.call_sid] = session
                         self._calls_changed.set()
                         downlink = asyncio.create_task(session.run_downlink())
                     if session.ended:
                         break
                 elif msg.type is WSMsgType.BINARY:
-                    log.warning("skipped binary frame on media socket (%d bytes)", len(msg.data))
+                    _BINARY_FRAMES.warning("skipped binary frame on media socket (%d bytes)",
+                                           len(msg.data))
                 elif msg.type is WSMsgType.ERROR:
                     log.warning("media socket error: %s", ws.exception())
                     break
@@ -319,10 +499,13 @@ class GatewayApp:
                 downlink.cancel()
                 await asyncio.gather(downlink, return_exceptions=True)
             if session.info is not None:
-                self.calls.pop(session.info.call_sid, None)
+                sid = session.info.call_sid
+                self._live.discard(sid)
+                if self.calls.get(sid) is session:
+                    del self.calls[sid]
                 self._calls_changed.set()
                 self.completed.append({
-                    "call_sid": session.info.call_sid, "media_ms": session.now_ms,
+                    "call_sid": sid, "media_ms": session.now_ms,
                     "frames_processed": session.frames_processed,
                     "frames_skipped": session.frames_skipped, "dtmf": session.dtmf_digits,
                 })
@@ -344,7 +527,11 @@ def build_app(settings: GatewaySettings, *, bus: Bus, vad: VadEngine) -> web.App
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         await bus.start()
         await vad.start()
+        probe = asyncio.create_task(gateway.overload.probe(gateway.metrics.loop_lag.observe),
+                                    name="event-loop-lag-probe")
         yield
+        probe.cancel()
+        await asyncio.gather(probe, return_exceptions=True)
         await vad.aclose()
         await bus.aclose()
 

@@ -17,6 +17,7 @@ from gateway.security import (
     ExpiredToken,
     InvalidToken,
     MalformedToken,
+    ReusedToken,
     SecurityError,
     SignatureValidator,
     TamperedToken,
@@ -206,7 +207,26 @@ def test_token_round_trip(tokens: CallTokens, clock: FakeClock) -> None:
     token = tokens.issue(CALL, "sales")
     assert all(c.isalnum() or c in "-_." for c in token)  # URL-safe as is
     claims = tokens.verify(token, call_sid=CALL)
-    assert claims == TokenClaims(call_sid=CALL, agent="sales", expires_at=clock.now + 600)
+    assert claims == TokenClaims(call_sid=CALL, agent="sales", expires_at=clock.now + 600,
+                                 token_id=token.rpartition(".")[2])
+
+
+def test_a_token_starts_one_stream_only(tokens: CallTokens, clock: FakeClock) -> None:
+    """redeem spends the token: the same token again is refused, another one for the same call
+    (Twilio fetched the TwiML twice) is not; spent tokens are forgotten once expired."""
+    first, second = tokens.issue(CALL, "sales"), None
+    clock.now += 1
+    second = tokens.issue(CALL, "sales")
+    assert tokens.redeem(first, call_sid=CALL).agent == "sales"
+    with pytest.raises(ReusedToken, match="already used"):
+        tokens.redeem(first, call_sid=CALL)
+    assert tokens.redeem(second, call_sid=CALL).token_id != tokens.verify(first, call_sid=CALL).token_id
+    with pytest.raises(ReusedToken):
+        tokens.redeem(second, call_sid=CALL)
+    clock.now += 601
+    with pytest.raises(ExpiredToken):  # expired first: reuse of a dead token is moot
+        tokens.redeem(first, call_sid=CALL)
+    assert tokens.spent == 0  # purged: it holds no more than the tokens still alive
 
 
 def test_token_carries_unicode_agent(tokens: CallTokens) -> None:
