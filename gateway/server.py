@@ -150,8 +150,11 @@ def _public_urls(settings: GatewaySettings, request: web.Request) -> tuple[str, 
 class GatewayApp:
     """The gateway process's shared state: bus, VAD engine, calls in progress."""
 
-    def __init__(self, settings: GatewaySettings, *, bus: Bus, vad: VadEngine) -> None:
+    def __init__(self, settings: GatewaySettings, *, bus: Bus, vad: VadEngine,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds for reservations, injectable so tests move time."""
         self.settings = settings
+        self._clock = clock
         self.bus = bus
         self.vad = vad
         self.tokens = CallTokens(settings.token_secret, ttl_s=settings.token_ttl_s)
@@ -217,14 +220,14 @@ class GatewayApp:
     # -- admission -------------------------------------------------------------------------
     def occupancy(self) -> int:
         """Calls counted against ``max_calls``: live streams and unexpired reservations."""
-        now = time.monotonic()
+        now = self._clock()
         expired = [sid for sid, deadline in self._reservations.items() if deadline <= now]
         for sid in expired:
             del self._reservations[sid]
         return len(self._live) + len(self._reservations)
 
     def _reserve(self, call_sid: str) -> None:
-        self._reservations[call_sid] = time.monotonic() + self.settings.reservation_s
+        self._reservations[call_sid] = self._clock() + self.settings.reservation_s
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -494,7 +497,17 @@ class GatewayApp:
                     log.warning("media socket error: %s", ws.exception())
                     break
         finally:
+            # Shielded: a peer that drops the connection cancels this handler (aiohttp does
+            # with handler_cancellation, as its TestServer runs), and a call left half-ended
+            # would hold its place (and its live-stream slot) forever.
+            await asyncio.shield(self._end_stream(session, downlink, ws))
+        return ws
+
+    async def _end_stream(self, session: CallSession, downlink: asyncio.Task[None] | None,
+                          ws: web.WebSocketResponse) -> None:
+        try:
             await session.end("socket_closed")
+        finally:
             if downlink is not None:
                 downlink.cancel()
                 await asyncio.gather(downlink, return_exceptions=True)
@@ -511,15 +524,16 @@ class GatewayApp:
                 })
             if not ws.closed:
                 await ws.close()
-        return ws
 
 
 GATEWAY_KEY: web.AppKey[GatewayApp] = web.AppKey("gateway", GatewayApp)
 
 
-def build_app(settings: GatewaySettings, *, bus: Bus, vad: VadEngine) -> web.Application:
-    """The aiohttp application; bus and VAD engine are started and closed with it."""
-    gateway = GatewayApp(settings, bus=bus, vad=vad)
+def build_app(settings: GatewaySettings, *, bus: Bus, vad: VadEngine,
+              clock: Callable[[], float] = time.monotonic) -> web.Application:
+    """The aiohttp application; bus and VAD engine are started and closed with it, and the
+    event-loop lag probe of the overload guard runs as long as it does."""
+    gateway = GatewayApp(settings, bus=bus, vad=vad, clock=clock)
     app = web.Application()
     app[GATEWAY_KEY] = gateway
     app.add_routes(gateway.routes())

@@ -1,10 +1,11 @@
-"""Overload shedding: the lag guard's arithmetic, and a gateway whose frames fall behind refusing
-new calls (busy TwiML, /readyz 503, the gauge) over real loopback sockets."""
+"""Overload shedding: the lag guard's arithmetic; a gateway that runs late itself refusing new
+calls (busy TwiML, /readyz 503, the gauge), and one caller's late network not making it refuse
+anyone, over real loopback sockets."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from bus import EmbeddedBus
 from gateway import twilio_protocol as tp
-from gateway.overload import LagGuard
+from gateway.overload import LagGuard, OverloadGuard
 from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
 from vad import VadEngine
 
@@ -110,63 +111,147 @@ def test_guard_off_and_bad_settings() -> None:
         LagGuard(50.0, quantile=1.0)
 
 
+def test_overload_is_either_guard_and_a_new_limit_starts_afresh() -> None:
+    clock = Clock()
+    guard = OverloadGuard(50.0, window_s=1, min_frames=10, probe_interval_s=0.1, clock=clock)
+    assert guard.loop.limit_ms == 50.0 and not guard.overloaded
+    for _ in range(5):  # 5 probes = half the window's 10: enough to judge
+        guard.observe_loop(0.080)
+    assert guard.overloaded and guard.reason == "event loop"
+    guard.set_limit(100.0)
+    assert not guard.overloaded and guard.limit_ms == 100.0
+    for _ in range(10):
+        guard.observe_frame(0.150)
+    assert guard.overloaded and guard.reason == "frame processing"
+    guard.set_limit(None)
+    guard.observe_frame(10.0)
+    assert not guard.overloaded and guard.reason is None
+    with pytest.raises(ValueError, match="probe_interval_s"):
+        OverloadGuard(50.0, probe_interval_s=0)
+
+
 FORM = {"CallSid": "CA" + "7" * 32, "AccountSid": "AC" + "2" * 32, "From": "+14155550100",
         "To": "+14155550199", "CallStatus": "ringing"}
+SID = "MZ" + "7" * 32
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[TestServer, GatewayApp]]:
-    app = build_app(GatewaySettings(validate_signatures=False), bus=EmbeddedBus(), vad=VadEngine())
+    app = build_app(GatewaySettings(validate_signatures=False), bus=EmbeddedBus(),
+                    vad=VadEngine(runtime="onnx"))
     gw = app[GATEWAY_KEY]
-    # The settings' guard, judging from 20 frames on (the default, 500, takes ~3 calls) on a
-    # clock that stands still, so every frame stays in the window however slow the test runs.
-    assert gw.overload.limit_ms == 50.0
-    gw.overload = LagGuard(50.0, min_frames=20, clock=Clock())
+    assert gw.overload.limit_ms == 50.0  # the settings' limit
+    # Set before the app starts, so that its loop probe feeds this guard: a 1 s window on a
+    # clock that stands still (every sample stays in it however slow the test runs), judging
+    # from 20 frames (the default, 500, takes ~3 calls) or 25 loop probes.
+    gw.overload = OverloadGuard(50.0, window_s=1, min_frames=20, probe_interval_s=0.02,
+                                clock=Clock())
     async with TestServer(app) as srv:
         yield srv, gw
 
 
-async def _until(condition: Any, timeout: float = 10.0) -> None:
+async def _until(condition: Any, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
 
 
-async def _status(http: aiohttp.ClientSession, srv: TestServer) -> tuple[int, dict[str, Any], str]:
+async def _status(http: aiohttp.ClientSession, srv: TestServer, k: int = 7
+                  ) -> tuple[int, dict[str, Any], str]:
     ready = await http.get(srv.make_url("/readyz"))
-    webhook = await http.post(srv.make_url("/twilio/voice"), data=FORM)
+    webhook = await http.post(srv.make_url("/twilio/voice"),
+                              data={**FORM, "CallSid": f"CA{k:032d}"})
     return ready.status, await ready.json(), await webhook.text()
 
 
-async def test_a_gateway_whose_frames_fall_behind_refuses_new_calls(server: Any) -> None:
-    """A caller's frames reach the gateway at half their real-time rate, so each is done ~20 ms
-    further behind its media time than the last: past 50 ms the guard trips. The call in
-    progress goes on; new calls get the busy answer and readiness fails."""
+async def _start(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_str(tp.build_connected())
+    await ws.send_str(tp.build_start(
+        sequence_number=1, stream_sid=SID, account_sid=FORM["AccountSid"],
+        call_sid=FORM["CallSid"], tracks=["inbound"], custom_parameters={}))
+
+
+def _media(k: int) -> str:
+    return tp.build_media(sequence_number=k + 2, stream_sid=SID, chunk=k + 1,
+                          timestamp_ms=20 * k, payload=b"\xff" * 160)
+
+
+async def test_one_callers_network_bursts_do_not_refuse_other_calls(server: Any) -> None:
+    """A caller whose frames arrive in 200 ms bursts (a TCP retransmission stall: ten 20 ms
+    frames at once, then nothing): most of its frames are 20-180 ms behind their media time,
+    which is the caller's network, not the gateway. The gateway is not overloaded and takes
+    the next calls (the frame-lag guard of before refused 17 of 17)."""
     srv, gw = server
-    sid = "MZ" + "7" * 32
-    payload = base64.b64encode(b"\xff" * 160).decode()
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(srv.make_url("/twilio/media")) as ws:
+            await _start(ws)
+            for burst in range(8):
+                for k in range(10):
+                    await ws.send_str(_media(10 * burst + k))
+                await asyncio.sleep(0.2)  # the network stall: the next burst comes 200 ms on
+            await _until(lambda: gw.overload.frames.frames >= 80)  # every frame handled
+            metrics = await (await http.get(srv.make_url("/metrics"))).text()
+            # The media-clock lag saw the bursts (the old guard's input, 1 in 10 on time) ...
+            late = _histogram_share_over(metrics, "callgate_frame_lag_seconds", 0.05)
+            assert late > 0.5, late
+            # ... and the gateway's own lateness did not: new calls are welcome.
+            for k in range(3):
+                status, body, twiml = await _status(http, srv, k)
+                assert status == 200 and body["overloaded"] is False, body
+                assert "<Connect>" in twiml
+            assert not gw.overload.overloaded
+
+
+def _histogram_share_over(metrics: str, name: str, bound: float) -> float:
+    """Share of a histogram's observations above ``bound`` (one of its bucket bounds)."""
+    count = le = None
+    for line in metrics.splitlines():
+        if line.startswith(f"{name}_count "):
+            count = float(line.split()[-1])
+        if line.startswith(f'{name}_bucket{{le="{bound!r}"}}'):
+            le = float(line.split()[-1])
+    assert count and le is not None, metrics
+    return (count - le) / count
+
+
+async def test_a_gateway_that_runs_late_refuses_new_calls(server: Any) -> None:
+    """The gateway's own loop is busy (CPU work in 100 ms slices, as a gateway with more calls
+    than its core holds runs): its timers fire late, the guard trips, new calls get the busy
+    answer and readiness fails; the call in progress goes on."""
+    srv, gw = server
+    stop = asyncio.Event()
+
+    async def hog() -> None:
+        while not stop.is_set():
+            end = time.perf_counter() + 0.100
+            while time.perf_counter() < end:
+                pass
+            await asyncio.sleep(0)
+
     async with aiohttp.ClientSession() as http:
         status, body, twiml = await _status(http, srv)
         assert status == 200 and body["overloaded"] is False
         assert "<Connect>" in twiml and "busy" not in twiml
         async with http.ws_connect(srv.make_url("/twilio/media")) as ws:
-            await ws.send_str(tp.build_connected())
-            await ws.send_str(tp.build_start(
-                sequence_number=1, stream_sid=sid, account_sid=FORM["AccountSid"],
-                call_sid=FORM["CallSid"], tracks=["inbound"], custom_parameters={}))
-            for k in range(30):
-                await ws.send_str(tp.build_media(sequence_number=k + 2, stream_sid=sid,
-                                                 chunk=k + 1, timestamp_ms=20 * k,
-                                                 payload=base64.b64decode(payload)))
-                await asyncio.sleep(0.040)  # pacing at 0.5x: the frames arrive ever later
-            await _until(lambda: gw.overload.frames >= 30)  # every frame handled
-            status, body, twiml = await _status(http, srv)
+            await _start(ws)
+            busy = asyncio.create_task(hog())
+            try:
+                await _until(lambda: gw.overload.overloaded)
+                for k in range(5):
+                    await ws.send_str(_media(k))
+                await _until(lambda: gw.overload.frames.frames >= 5)
+            finally:
+                stop.set()
+                await busy
+            status, body, twiml = await _status(http, srv, 8)
             assert status == 503 and body["overloaded"] is True and body["reason"] == "overloaded"
+            assert body["late"] == "event loop"
             assert "all our lines are busy" in twiml and "<Connect>" not in twiml
             metrics = await (await http.get(srv.make_url("/metrics"))).text()
             assert "callgate_overloaded 1.0" in metrics
             assert 'callgate_calls_refused_total{reason="overloaded"} 1.0' in metrics
+            assert _histogram_share_over(metrics, "callgate_event_loop_lag_seconds", 0.05) > 0
             assert not ws.closed  # the call in progress is never cut
             assert len(gw.calls) == 1
 
