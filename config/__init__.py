@@ -16,7 +16,7 @@ Modules:
 
 from ._errors import ConfigError, ConfigErrorItem
 from ._loader import DEFAULT_CONFIG, load_config, parse_config, resolve_config_path
-from ._reload import ConfigHolder
+from ._reload import RESTART_REQUIRED, ConfigHolder, ReloadResult
 from ._schema import (
     AgentConfig,
     BargeInConfig,
@@ -35,6 +35,7 @@ from ._schema import (
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "RESTART_REQUIRED",
     "AgentConfig",
     "BargeInConfig",
     "BusConfig",
@@ -46,6 +47,7 @@ __all__ = [
     "LLMNodeConfig",
     "NodeConfig",
     "PythonNodeConfig",
+    "ReloadResult",
     "STTConfig",
     "ScriptRule",
     "ServerConfig",

@@ -4,6 +4,13 @@ A reload loads the whole file again. If the new file is bad the old config stays
 problems are logged (logger ``callgate.config``), so a typo made while editing a live system costs
 nothing. Python modules named by ``ref`` are imported once per process: a reload picks up a new
 ``ref``, not new code in an already imported module.
+
+Every setting takes effect on reload except those in :data:`RESTART_REQUIRED` (what a process
+binds or connects to once, at start): a reload that changes one of them still switches the
+rest, and says which did not take effect, in its log line and in
+:attr:`ReloadResult.restart_required`. The parts of a process that apply settings can refuse a
+config before it switches (:meth:`ConfigHolder.add_check`): a reload turning signature
+validation on without an auth token is refused whole, rather than half applied.
 """
 
 from __future__ import annotations
@@ -13,17 +20,49 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ._errors import ConfigError
 from ._loader import load_config, resolve_config_path
 from ._schema import Config
 
-__all__ = ["ConfigHolder"]
+__all__ = ["RESTART_REQUIRED", "ConfigHolder", "ReloadResult"]
 
 logger = logging.getLogger("callgate.config")
 
 Listener = Callable[[Config], None]
+Check = Callable[[Config], None]
+
+RESTART_REQUIRED: tuple[str, ...] = ("server.host", "server.port", "bus.redis_url")
+"""Dotted fields a running process does not pick up: the gateway's listening socket is bound,
+and gateways and workers connect to the bus, once, at start. Everything else (Twilio security,
+``max_calls``, ``overload_lag_ms``, ``drain_timeout_s``, numbers, agents, speech) reloads."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What a reload did.
+
+    Attributes:
+        changed: the new config is in force (False: unchanged, or refused).
+        error: why it was refused (a bad file, or a check of :meth:`ConfigHolder.add_check`),
+            None otherwise.
+        restart_required: fields of :data:`RESTART_REQUIRED` that changed; the rest of the new
+            config is in force, these take effect only when the process restarts.
+    """
+
+    changed: bool
+    error: str | None = None
+    restart_required: tuple[str, ...] = ()
+
+
+def _field(cfg: Config, dotted: str) -> Any:
+    value: Any = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -54,6 +93,9 @@ class ConfigHolder:
         self._stamp = _stamp(self.path)
         self._current: Config = load_config(self.path, env=env)
         self._listeners: list[Listener] = []
+        self._checks: list[Check] = []
+        self.last_reload: ReloadResult | None = None
+        """The result of the latest reload (SIGHUP, the file watch or a call), None before."""
         self._sighup_loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -75,37 +117,69 @@ class ConfigHolder:
 
         return remove
 
+    def add_check(self, check: Check) -> Callable[[], None]:
+        """Have ``check(new_config)`` vet every reload before it switches; returns a remover.
+
+        A check that raises ``ValueError`` or :class:`ConfigError` refuses the reload (logged,
+        the old config kept): for settings a part of the process cannot apply.
+        """
+        self._checks.append(check)
+
+        def remove() -> None:
+            if check in self._checks:
+                self._checks.remove(check)
+
+        return remove
+
     def reload(self) -> bool:
         """Load the file again; returns whether the config in force changed.
 
         A bad file is logged (with every problem, each naming its line) and the old config kept.
-        An unchanged file returns False and notifies nobody.
+        An unchanged file returns False and notifies nobody. :meth:`reload_report` says more.
         """
+        return self.reload_report().changed
+
+    def reload_report(self) -> ReloadResult:
+        """:meth:`reload`, returning what it did (also kept as :attr:`last_reload`)."""
+        result = self._reload()
+        self.last_reload = result
+        return result
+
+    def _reload(self) -> ReloadResult:
         self._stamp = _stamp(self.path)
         try:
             new = load_config(self.path, env=self._env)
-        except ConfigError as exc:
+            for check in list(self._checks):
+                check(new)
+        except (ConfigError, ValueError) as exc:
             logger.error(
                 "config reload from %s failed; keeping the previous config:\n%s", self.path, exc
             )
-            return False
+            return ReloadResult(changed=False, error=str(exc))
         if new == self._current:
             logger.info("config reloaded from %s: no change", self.path)
-            return False
-        self._current = new
-        logger.info("config reloaded from %s", self.path)
+            return ReloadResult(changed=False)
+        old, self._current = self._current, new
+        restart = tuple(f for f in RESTART_REQUIRED if _field(old, f) != _field(new, f))
+        if restart:
+            # Names only: a Redis URL may carry a password.
+            logger.warning(
+                "config reloaded from %s; these changed but take effect only after a restart: "
+                "%s", self.path, ", ".join(restart))
+        else:
+            logger.info("config reloaded from %s", self.path)
         for callback in list(self._listeners):
             try:
                 callback(new)
             except Exception:
                 # A listener's bug must not stop the others from seeing the new config.
                 logger.exception("config change listener %r failed", callback)
-        return True
+        return ReloadResult(changed=True, restart_required=restart)
 
     def install_sighup(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Reload on SIGHUP (Unix), on ``loop`` (default: the running loop)."""
         loop = loop or asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_report)
         self._sighup_loop = loop
 
     def remove_sighup(self) -> None:
@@ -130,4 +204,4 @@ class ConfigHolder:
         while True:
             await asyncio.sleep(interval_s)
             if self.changed_on_disk():
-                self.reload()
+                self.reload_report()

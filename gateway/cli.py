@@ -1,9 +1,15 @@
-"""The ``callgate`` command line: ``serve``, ``worker``, ``replay``, ``call``, ``config check``."""
+"""The ``callgate`` command line: ``serve``, ``worker``, ``replay``, ``call``, ``config check``.
+
+A mistake on the command line or in what it names (a file that is not a WAV, an ``--events-out``
+that cannot be written, an unknown ``--log-level``, a port in use) is one line on stderr naming
+the command, and a non-zero exit: never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -32,12 +38,18 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
 def _replay(args: argparse.Namespace) -> int:
     from config import ConfigError
 
+    from .audio import AudioError
     from .replay import ReplayError, load_bot_script, replay
 
     try:
+        out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
+    except OSError as exc:
+        print(f"callgate replay: cannot write --events-out {args.events_out}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
         turns = load_bot_script(args.bot_script) if args.bot_script else None
         extra = {} if turns is not None else _agent_from_config(args)
-        out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
         try:
             timeline, playout = asyncio.run(
                 replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime,
@@ -46,7 +58,9 @@ def _replay(args: argparse.Namespace) -> int:
         finally:
             if out is not None:
                 out.close()
-    except (ReplayError, ConfigError) as exc:
+    except (ReplayError, ConfigError, AudioError) as exc:
+        if out is not None:
+            out.close()
         print(f"callgate replay: {exc}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
@@ -71,9 +85,14 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _call(args: argparse.Namespace) -> int:
+    from .audio import AudioError
     from .client import run_call
 
-    return run_call(args)
+    try:
+        return run_call(args)
+    except AudioError as exc:  # read lazily, as the call plays
+        print(f"callgate call: {exc}", file=sys.stderr)
+        return 2
 
 
 def _config_check(args: argparse.Namespace) -> int:
@@ -148,11 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .logs import setup_logging
 
-    setup_logging(args.log_level, json_lines=args.log_json)
+    level = str(args.log_level).upper()
+    if level not in _LOG_LEVELS or not isinstance(logging.getLevelName(level), int):
+        print(f"callgate: unknown --log-level {args.log_level!r} (or $CALLGATE_LOG_LEVEL); "
+              f"expected one of {', '.join(_LOG_LEVELS)}", file=sys.stderr)
+        return 2
+    setup_logging(level, json_lines=args.log_json)
     return int(args.fn(args))
 
 

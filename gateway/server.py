@@ -659,6 +659,90 @@ def settings_from_config(holder: Any) -> GatewaySettings:
     )
 
 
+def _security_from(cfg: Any) -> dict[str, Any]:
+    """The gateway settings a config carries, as :meth:`GatewayApp.reconfigure` takes them."""
+    token = cfg.twilio.auth_token.get_secret_value() if cfg.twilio.auth_token else None
+    return {"public_url": cfg.server.public_url, "auth_token": token or None,
+            "validate_signatures": cfg.twilio.validate_signatures,
+            "max_calls": cfg.server.max_calls, "overload_lag_ms": cfg.server.overload_lag_ms}
+
+
+def follow_reloads(holder: Any, gateway: GatewayApp) -> Callable[[], None]:
+    """Apply every reload of ``holder`` to ``gateway`` (signature validation, auth token,
+    public URL, ``max_calls``, ``overload_lag_ms``; agents and speech are read per call
+    anyway). A config the gateway cannot apply (validation on, no token) is refused before
+    it switches. Returns a function that stops following."""
+
+    def check(cfg: Any) -> None:
+        sec = _security_from(cfg)
+        check_security(sec["validate_signatures"], sec["auth_token"])
+
+    def apply(cfg: Any) -> None:
+        changed = gateway.reconfigure(**_security_from(cfg))
+        if changed:
+            log.info("gateway settings reloaded: %s", ", ".join(changed))
+
+    removers = [holder.add_check(check), holder.on_change(apply)]
+
+    def unfollow() -> None:
+        for remove in removers:
+            remove()
+
+    return unfollow
+
+
+class StartupError(Exception):
+    """``serve`` cannot start; the message is the one line it prints."""
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Bind the gateway's port first, before seconds of model loading: a port in use fails
+    at once, with the reason (it was reported only after 7 s of loading, as a traceback)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StartupError(f"cannot listen on {host}:{port}: {reason}") from exc
+
+
+def _failure(task: asyncio.Task[Any]) -> str:
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "returned" if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+async def start_worker(gateway: GatewayApp, run: Callable[[asyncio.Event], Any],
+                       stopping: asyncio.Event) -> asyncio.Task[None]:
+    """Start an in-process worker (``run(started)``: a coroutine that sets ``started`` once
+    built) and wait until it is built: one that fails raises :class:`StartupError` with the
+    reason, so ``serve`` fails at start instead of reporting ready while every call gets
+    silence. One that dies later (before ``stopping`` is set) is logged and fails readiness
+    (``problems["worker"]``), so new calls go to another gateway."""
+    started = asyncio.Event()
+    worker: asyncio.Task[None] = asyncio.create_task(run(started), name="in-process-worker")
+    built = asyncio.create_task(started.wait())
+    await asyncio.wait({worker, built}, return_when=asyncio.FIRST_COMPLETED)
+    if worker.done():
+        built.cancel()
+        reason = _failure(worker)
+        raise StartupError(f"the in-process worker failed to start: {reason}")
+    built.cancel()
+
+    def died(task: asyncio.Task[None]) -> None:
+        if stopping.is_set():
+            return
+        reason = f"the in-process worker stopped: {_failure(task)}"
+        exc = None if task.cancelled() else task.exception()
+        log.error("%s; readiness fails and new calls are refused", reason,
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        gateway.set_problem("worker", reason)
+
+    worker.add_done_callback(died)
+    return worker
+
+
 def serve(args: argparse.Namespace) -> int:
     """``callgate serve``: the gateway, plus an in-process worker unless ``--no-worker``."""
     from bus import make_bus
@@ -675,69 +759,92 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"callgate serve: {exc}", file=sys.stderr)
         return 1
+    host = args.host or cfg.server.host
+    port = args.port if args.port is not None else cfg.server.port
+    try:
+        sock = listen_socket(host, port)
+    except StartupError as exc:
+        print(f"callgate serve: {exc}", file=sys.stderr)
+        return 1
     redis_url = args.redis or cfg.bus.redis_url
     bus = make_bus(redis_url)
     app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime,
                                                      max_wait_ms=args.vad_max_wait_ms))
+    gateway = app[GATEWAY_KEY]
     run_worker_here = not args.no_worker
 
     async def background(app: web.Application):  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()
+        unfollow = follow_reloads(holder, gateway)
         holder.install_sighup(loop)
         watcher = asyncio.create_task(holder.watch(2.0))
-        if isinstance(settings.transcriber_for, TranscriberCache):
-            await settings.transcriber_for.warm_up()
         stop = asyncio.Event()
         worker: asyncio.Task[None] | None = None
-        if run_worker_here:
-            # Process composition only: the gateway itself never imports nodes/.
-            from nodes import run_worker
+        try:
+            if isinstance(settings.transcriber_for, TranscriberCache):
+                await settings.transcriber_for.warm_up()
+            if run_worker_here:
+                # Process composition only: the gateway itself never imports nodes/.
+                from nodes import run_worker
 
-            worker = asyncio.create_task(run_worker(holder, bus, stop=stop))
-        yield
-        stop.set()
-        if worker is not None:
-            await asyncio.wait({worker}, timeout=10)
-            worker.cancel()
-        watcher.cancel()
-        await asyncio.gather(watcher, *( [worker] if worker else []), return_exceptions=True)
-        if isinstance(settings.transcriber_for, TranscriberCache):
-            settings.transcriber_for.close()
+                worker = await start_worker(
+                    gateway, lambda started: run_worker(holder, bus, stop=stop, started=started),
+                    stop)
+            yield
+        finally:
+            stop.set()
+            if worker is not None:
+                await asyncio.wait({worker}, timeout=10)
+                worker.cancel()
+            watcher.cancel()
+            await asyncio.gather(watcher, *([worker] if worker else []), return_exceptions=True)
+            holder.remove_sighup()
+            unfollow()
+            if isinstance(settings.transcriber_for, TranscriberCache):
+                settings.transcriber_for.close()
 
     app.cleanup_ctx.append(background)
-    host = args.host or cfg.server.host
-    port = args.port if args.port is not None else cfg.server.port
-    asyncio.run(_serve_until_drained(app, host, port, cfg.server.drain_timeout_s,
-                                     "redis" if redis_url else "embedded", run_worker_here))
+    try:
+        asyncio.run(_serve_until_drained(app, sock, lambda: holder.current.server.drain_timeout_s,
+                                         "redis" if redis_url else "embedded", run_worker_here))
+    except StartupError as exc:
+        print(f"callgate serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sock.close()
     return 0
 
 
-async def _serve_until_drained(app: web.Application, host: str, port: int, drain_s: float,
-                               bus_kind: str, worker_here: bool) -> None:
-    """Serve until SIGTERM/SIGINT, then drain: readiness fails and new calls get a polite
-    TwiML answer while the socket stays open; calls in progress go on for up to ``drain_s``;
-    then the app shuts down (remaining calls are closed) and the process exits 0."""
+async def _serve_until_drained(app: web.Application, sock: socket.socket,
+                               drain_s: Callable[[], float], bus_kind: str,
+                               worker_here: bool) -> None:
+    """Serve on ``sock`` until SIGTERM/SIGINT, then drain: readiness fails and new calls get a
+    polite TWiML answer while the socket stays open; calls in progress go on for up to
+    ``drain_s()`` (read then: it reloads); then the app shuts down (remaining calls are
+    closed) and the process exits 0."""
     gateway = app[GATEWAY_KEY]
     runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    # Everything loaded so far (torch, the model, aiohttp, config) lives as long as the process:
-    # keep it out of the collector's full passes, which otherwise walk those ~10^5 objects and
-    # stall every call's frames for 15-150 ms at a time (bench/load.py).
-    gc.collect()
-    gc.freeze()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    log.info("callgate gateway on http://%s:%d (bus: %s, worker: %s)", host, port, bus_kind,
-             "in-process" if worker_here else "none")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
+        await runner.setup()
+        # Everything loaded so far (torch, the model, aiohttp, config) lives as long as the
+        # process: keep it out of the collector's full passes, which otherwise walk those ~10^5
+        # objects and stall every call's frames for 15-150 ms at a time (bench/load.py).
+        gc.collect()
+        gc.freeze()
+        site = web.SockSite(runner, sock)
+        await site.start()
+        host, port = sock.getsockname()[:2]
+        log.info("callgate gateway on http://%s:%d (bus: %s, worker: %s)", host, port, bus_kind,
+                 "in-process" if worker_here else "none")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         gateway.draining = True
-        log.info("draining: %d call(s) in progress, up to %.0f s", len(gateway.calls), drain_s)
-        deadline = loop.time() + drain_s
+        timeout = drain_s()
+        log.info("draining: %d call(s) in progress, up to %.0f s", len(gateway.calls), timeout)
+        deadline = loop.time() + timeout
         while gateway.calls and loop.time() < deadline:
             await gateway.calls_changed()
         if gateway.calls:
@@ -745,7 +852,7 @@ async def _serve_until_drained(app: web.Application, host: str, port: int, drain
         else:
             log.info("drained: no call in progress")
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # after a failed setup too: it closes the contexts entered
 
 
 def run_worker(args: argparse.Namespace) -> int:

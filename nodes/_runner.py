@@ -100,6 +100,7 @@ async def run_worker(
     twilio_client: Any = None,
     stop: asyncio.Event | None = None,
     drain_timeout_s: float | None = 10.0,
+    started: asyncio.Event | None = None,
 ) -> None:
     """Run a ``SessionWorker`` for the agents of ``holder`` until ``stop`` is set.
 
@@ -113,6 +114,8 @@ async def run_worker(
         stop: Set it to stop; None: run until cancelled or the bus ends.
         drain_timeout_s: After ``stop``, how long the calls in progress may go on before they
             are handed back; None waits for them to end.
+        started: Set once the worker is built (agents, speech) and claiming calls: a process
+            that runs one can fail its start-up, not its first call, when it cannot be built.
 
     Raises:
         BusError: the bus failed (the worker is closed first).
@@ -131,6 +134,8 @@ async def run_worker(
     logger.info("worker %s: serving agents %s", worker.worker_id, ", ".join(cfg.agents))
     loop = asyncio.get_running_loop()
     claiming = loop.create_task(worker.run(), name=f"worker:{worker.worker_id}")
+    if started is not None:
+        started.set()
     stopping = loop.create_task(stop.wait()) if stop is not None else None
     try:
         waiting = {claiming} if stopping is None else {claiming, stopping}

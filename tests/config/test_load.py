@@ -52,9 +52,9 @@ MINIMAL = """\
 def test_shipped_example_loads_with_an_empty_environment() -> None:
     cfg = load_config(env={})
     assert cfg.source == SHIPPED
-    assert cfg.server.public_url == "http://localhost:8080"
-    assert cfg.server.voice_url == "http://localhost:8080/twilio/voice"
-    assert cfg.server.media_url == "ws://localhost:8080/twilio/media"
+    # No public URL: the gateway takes it from each request (so `serve --port P` is right).
+    assert cfg.server.public_url is None
+    assert cfg.server.voice_url is None and cfg.server.media_url is None
     assert (cfg.server.host, cfg.server.port, cfg.server.max_calls) == ("0.0.0.0", 8080, 200)
     assert cfg.twilio.auth_token is None
     assert cfg.twilio.account_sid is None
