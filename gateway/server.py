@@ -59,12 +59,17 @@ __all__ = [
     "GATEWAY_KEY",
     "GatewayApp",
     "GatewaySettings",
+    "StartupError",
     "StreamRefused",
     "build_app",
     "call_settings_from",
+    "check_security",
+    "follow_reloads",
+    "listen_socket",
     "run_worker",
     "serve",
     "settings_from_config",
+    "start_worker",
 ]
 
 log = logging.getLogger("callgate.gateway")
@@ -79,7 +84,9 @@ MEDIA_PATH = "/twilio/media"
 
 @dataclass(slots=True)
 class GatewaySettings:
-    """What the HTTP layer needs; built from the YAML config by :func:`from_config`."""
+    """What the HTTP layer needs; built from the YAML config by :func:`settings_from_config`
+    (the security settings, ``max_calls`` and ``overload_lag_ms`` follow reloads through
+    :func:`follow_reloads`)."""
 
     public_url: str | None = None
     """Base URL Twilio uses to reach us (``https://gw.example.com``); signatures are computed
@@ -97,12 +104,15 @@ class GatewaySettings:
     call whose stream never comes (the caller hung up first) frees it after this."""
     start_timeout_s: float = 10.0
     """An upgraded media socket without a valid ``start`` after this long is closed (1008)."""
-    max_pending_sockets: int = 50
-    """Media sockets at once that have not sent a valid ``start`` yet; more get 503. Twilio's
-    own sockets spend milliseconds in this state, so 50 is 50 calls opening in one instant."""
+    max_pending_sockets: int | None = None
+    """Media sockets at once that have not sent a valid ``start`` yet; more get 503. None: a
+    quarter of ``max_calls``, at least 50. Twilio's own sockets spend milliseconds in this
+    state (upgrade, ``connected``, ``start``), so 50 is 50 calls opening in the same instant;
+    what holds a place longer is a socket that will never start."""
     overload_lag_ms: float | None = 50.0
-    """New calls are refused while the p99 frame lag of the last 4-5 s is over this
-    (:class:`gateway.overload.LagGuard`); None: only ``max_calls`` limits."""
+    """New calls are refused while the gateway itself runs later than this: the p99 of its
+    frames' processing time, or the p95 of its event loop's lag, over the last 4-5 s
+    (:class:`gateway.overload.OverloadGuard`); None: only ``max_calls`` limits."""
     agent_for_number: Callable[[str | None], str] = lambda _to: "default"
     call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
     transcriber_for: Callable[[str], Any] | None = None
@@ -110,6 +120,12 @@ class GatewaySettings:
 
     def __post_init__(self) -> None:
         check_security(self.validate_signatures, self.auth_token)
+
+    def pending_cap(self) -> int:
+        """:attr:`max_pending_sockets`, resolved."""
+        if self.max_pending_sockets is not None:
+            return self.max_pending_sockets
+        return max(50, self.max_calls // 4)
 
 
 def check_security(validate_signatures: bool, auth_token: str | None) -> None:
@@ -387,7 +403,7 @@ class GatewayApp:
             self.metrics.refused("socket_over_capacity")
             _SOCKETS_REFUSED.warning("media upgrade refused: %d sockets open", self.sockets_open)
             raise web.HTTPServiceUnavailable(text="gateway at capacity")
-        if self.sockets_pending >= self.settings.max_pending_sockets:
+        if self.sockets_pending >= self.settings.pending_cap():
             self.metrics.refused("pending_sockets")
             _SOCKETS_REFUSED.warning("media upgrade refused: %d sockets waiting for start",
                                      self.sockets_pending)
