@@ -77,6 +77,7 @@ log = logging.getLogger("callgate.gateway")
 _BINARY_FRAMES = RateLimitedLog(log, "binary frames skipped", interval_s=10.0)
 _NO_START = RateLimitedLog(log, "media sockets closed without a valid start", interval_s=10.0)
 _SOCKETS_REFUSED = RateLimitedLog(log, "media upgrades refused", interval_s=10.0)
+_WEBHOOKS_REFUSED = RateLimitedLog(log, "webhooks with bad signatures", interval_s=10.0)
 
 VOICE_PATH = "/twilio/voice"
 MEDIA_PATH = "/twilio/media"
@@ -328,7 +329,9 @@ class GatewayApp:
         if request.query_string:
             voice_url = f"{voice_url}?{request.query_string}"
         if not self._signature_ok(voice_url, request.headers.get(SIGNATURE_HEADER), form):
-            log.warning("webhook rejected: bad or missing X-Twilio-Signature for %s", voice_url)
+            self.metrics.refused("signature")
+            _WEBHOOKS_REFUSED.warning("webhook rejected: bad or missing X-Twilio-Signature "
+                                      "for %s", voice_url)
             raise web.HTTPForbidden(text="invalid Twilio signature")
         call_sid = form.get("CallSid", "")
         if not call_sid.startswith("CA"):
@@ -394,6 +397,7 @@ class GatewayApp:
     async def media_socket(self, request: web.Request) -> web.StreamResponse:
         _, media_url = _public_urls(self.settings, request)
         if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None):
+            self.metrics.refused("signature")
             _SOCKETS_REFUSED.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
         cap = self.settings.max_calls + max(1, self.settings.max_calls // 10)
@@ -507,6 +511,7 @@ class GatewayApp:
                     if session.ended:
                         break
                 elif msg.type is WSMsgType.BINARY:
+                    self.metrics.frames_skipped.inc()
                     _BINARY_FRAMES.warning("skipped binary frame on media socket (%d bytes)",
                                            len(msg.data))
                 elif msg.type is WSMsgType.ERROR:
@@ -883,6 +888,8 @@ def run_worker(args: argparse.Namespace) -> int:
         print(f"callgate worker: bad config:\n{exc}", file=sys.stderr)
         return 1
 
+    started = asyncio.Event()
+
     async def main() -> None:
         bus = make_bus(args.redis)
         stop = asyncio.Event()
@@ -896,12 +903,19 @@ def run_worker(args: argparse.Namespace) -> int:
             if port is not None:
                 runner = await _serve_worker_metrics(bus, args.metrics_host, port)
             try:
-                await run(holder, bus, worker_id=args.worker_id, stop=stop)
+                await run(holder, bus, worker_id=args.worker_id, stop=stop, started=started)
             finally:
                 if runner is not None:
                     await runner.cleanup()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (OSError, ValueError) as exc:
+        if started.is_set():
+            raise  # not a start-up problem: keep the traceback
+        # A metrics port in use, an agent that cannot be built (an unknown voice): one line.
+        print(f"callgate worker: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
