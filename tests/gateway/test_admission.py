@@ -255,9 +255,7 @@ async def test_without_signatures_a_live_call_still_has_one_stream(unsigned: Ser
 idle = pytest.fixture(name="idle")(make_server(start_timeout_s=0.3, max_pending_sockets=3))
 
 
-async def test_a_socket_without_a_valid_start_is_closed_and_counted(
-    idle: Server, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_a_socket_without_a_valid_start_is_closed_and_counted(idle: Server) -> None:
     """A replayed upgrade (the signature is the same for every call) that sends nothing, or
     only `connected` and bad frames, is closed 1008 when start_timeout_s is up; at most
     max_pending_sockets such sockets at once, the next upgrade gets 503."""
