@@ -107,6 +107,16 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0-65535")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="callgate", description=__doc__)
     p.add_argument("--log-level", default=os.environ.get("CALLGATE_LOG_LEVEL", "INFO"))
@@ -117,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the gateway (and, with the embedded bus, a worker)")
     s.add_argument("--host", default=None, help="default: server.host of the config")
-    s.add_argument("--port", type=int, default=None, help="default: server.port of the config")
+    s.add_argument("--port", type=_port, default=None, help="default: server.port of the config")
     s.add_argument("--config", type=Path, default=None, help="YAML config (default: config/)")
     s.add_argument("--redis", default=None, help="redis:// URL; default: embedded bus")
     s.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto",
@@ -134,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis", required=True)
     w.add_argument("--config", type=Path, default=None)
     w.add_argument("--worker-id", default=None)
-    w.add_argument("--metrics-port", type=int, default=None,
+    w.add_argument("--metrics-port", type=_port, default=None,
                    help="serve GET /metrics and /healthz on this port (call claims, Redis "
                         "reconnects, buffered writes)")
     w.add_argument("--metrics-host", default="0.0.0.0")

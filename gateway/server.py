@@ -723,7 +723,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family, backlog=1024)
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        # create_server appends the address to the error's text; the line names it already.
+        reason = (exc.strerror or str(exc)).split(" (while attempting to bind", 1)[0]
         raise StartupError(f"cannot listen on {host}:{port}: {reason}") from exc
 
 
