@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -83,7 +84,7 @@ VOICE_PATH = "/twilio/voice"
 MEDIA_PATH = "/twilio/media"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
     """What the HTTP layer needs; built from the YAML config by :func:`settings_from_config`
     (the security settings, ``max_calls`` and ``overload_lag_ms`` follow reloads through
@@ -208,20 +209,16 @@ class GatewayApp:
         Raises:
             ValueError: validation on without an auth token (nothing is changed).
         """
-        check_security(validate_signatures, auth_token)
-        s = self.settings
-        changed = [name for name, old, new in (
-            ("public_url", s.public_url, public_url),
-            ("auth_token", s.auth_token, auth_token),
-            ("validate_signatures", s.validate_signatures, validate_signatures),
-            ("max_calls", s.max_calls, max_calls),
-            ("overload_lag_ms", s.overload_lag_ms, overload_lag_ms),
-        ) if old != new]
-        s.public_url, s.auth_token = public_url, auth_token
-        s.validate_signatures, s.max_calls = validate_signatures, max_calls
+        new = dataclasses.replace(  # checks them (__post_init__) before anything changes
+            self.settings, public_url=public_url, auth_token=auth_token,
+            validate_signatures=validate_signatures, max_calls=max_calls,
+            overload_lag_ms=overload_lag_ms)
+        changed = [f for f in ("public_url", "auth_token", "validate_signatures", "max_calls",
+                               "overload_lag_ms")
+                   if getattr(self.settings, f) != getattr(new, f)]
+        self.settings = new
         self.validator = SignatureValidator(auth_token) if auth_token else None
         if "overload_lag_ms" in changed:
-            s.overload_lag_ms = overload_lag_ms
             self.overload.set_limit(overload_lag_ms)
         if "validate_signatures" in changed and not validate_signatures:
             log.warning("Twilio signature validation switched OFF by a config reload")
