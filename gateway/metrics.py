@@ -174,7 +174,7 @@ class GatewayMetrics:
         )
         self.loop_lag = FrameHistogram(
             "callgate_event_loop_lag_seconds",
-            "How late the event loop ran a 20 ms timer (gateway.overload's probe)",
+            "How late the event loop ran a 50 ms timer (gateway.overload's probe)",
             lag_buckets,
         )
         r.register(self.frame_receive_to_done)
