@@ -234,11 +234,16 @@ class GatewayApp:
     # -- admission -------------------------------------------------------------------------
     def occupancy(self) -> int:
         """Calls counted against ``max_calls``: live streams and unexpired reservations."""
+        return len(self._live) + self.reserved
+
+    @property
+    def reserved(self) -> int:
+        """Webhooks answered whose stream has not started, reservation unexpired."""
         now = self._clock()
         expired = [sid for sid, deadline in self._reservations.items() if deadline <= now]
         for sid in expired:
             del self._reservations[sid]
-        return len(self._live) + len(self._reservations)
+        return len(self._reservations)
 
     def _reserve(self, call_sid: str) -> None:
         self._reservations[call_sid] = self._clock() + self.settings.reservation_s
@@ -256,7 +261,7 @@ class GatewayApp:
         stats = self.vad.stats
         return {
             "calls": len(self.calls),
-            "reserved": len(self._reservations),
+            "reserved": self.reserved,
             "sockets_pending": self.sockets_pending,
             "draining": self.draining,
             "overloaded": self.overload.overloaded,
@@ -307,7 +312,7 @@ class GatewayApp:
         return web.json_response(
             {"ready": refusal is None, "draining": self.draining,
              "overloaded": self.overload.overloaded,
-             "calls": len(self.calls), "reserved": len(self._reservations), **extra},
+             "calls": len(self.calls), "reserved": self.reserved, **extra},
             status=200 if refusal is None else 503,
         )
 

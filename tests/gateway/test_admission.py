@@ -111,14 +111,17 @@ async def test_webhooks_arriving_together_cannot_overshoot_max_calls(capacity: S
         admitted = [k for k, a in enumerate(answers) if "<Connect>" in a]
         assert len(admitted) == 20
         assert sum("all our lines are busy" in a for a in answers) == 20
-        assert (await http.get(srv.make_url("/readyz"))).status == 503  # full of reservations
+        ready = await http.get(srv.make_url("/readyz"))  # full of reservations
+        assert ready.status == 503 and (await ready.json())["reserved"] == 20
+        metrics = await (await http.get(srv.make_url("/metrics"))).text()
+        assert "callgate_calls_reserved 20.0" in metrics
         sockets = []
         for k in admitted:
             ws = await upgrade(http, srv)
             await ws.send_str(start_message(f"CA{k:032d}", token_of(answers[k])))
             sockets.append(ws)
         await until(lambda: len(gw.calls) == 20)
-        assert gw.occupancy() == 20  # the reservations were taken, not added to
+        assert gw.occupancy() == 20 and gw.reserved == 0  # reservations taken, not added to
         assert "all our lines are busy" in await webhook(http, srv, 99)
         metrics = await (await http.get(srv.make_url("/metrics"))).text()
         assert 'callgate_calls_refused_total{reason="at_capacity"} 21.0' in metrics
