@@ -14,8 +14,9 @@ What counts as the gateway's lateness (:class:`OverloadGuard`), and what does no
 1. *Processing time per frame*: from the handler taking a frame off its socket to the frame
    fully done (VAD batch, decision, sends). A gateway short of CPU is slow here for every call.
 2. *Event-loop lag*: how late a timer the loop set fires (:meth:`OverloadGuard.probe`, every
-   50 ms: 0.3 % of a core on an idle loop, against 0.6 % every 20 ms; 10 s each, 2026-12-01). A saturated loop runs every callback late, frames waiting in socket buffers included,
-   which (1) cannot see: a frame's clock starts only when the handler gets to it.
+   50 ms: 0.3 % of a core on an idle loop, against 0.6 % every 20 ms; 10 s each, 2026-12-01).
+   A saturated loop runs every callback late, frames waiting in socket buffers included, which
+   (1) cannot see: a frame's clock starts only when the handler gets to it.
 3. Not the frame's lag behind its media time. That lag is also what one caller's network adds:
    a call whose frames arrive in 200 ms bursts (a TCP retransmission stall) has 1 frame in 10
    on time and the rest up to 180 ms "late", which is over any p99 limit, and a guard judging by

@@ -12,8 +12,9 @@ Why the token as well: Twilio signs the WebSocket upgrade over the bare ``wss://
 parameters, so that signature is the *same for every call* to a given URL. Anyone who sees one
 upgrade request (a proxy log, say) can replay the header forever. The per-call token is what
 ties a stream to one call, once: :meth:`CallTokens.redeem` spends it, so a second stream with
-the same token (a replayed upgrade and ``start``) is refused even while the first one lives. It rides in ``start.customParameters`` because
-Twilio does not support query strings on ``<Stream url>`` (error 31920).
+the same token (a replayed upgrade and ``start``) is refused even while the first one lives.
+It rides in ``start.customParameters`` because Twilio does not support query strings on
+``<Stream url>`` (error 31920).
 
 Errors::
 

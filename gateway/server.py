@@ -200,7 +200,7 @@ class GatewayApp:
                 "can reach this gateway can start calls. Never run it like this in production."
             )
 
-    # -- routes ---------------------------------------------------------------------------
+    # -- settings and health ----------------------------------------------------------------
     def reconfigure(self, *, public_url: str | None, auth_token: str | None,
                     validate_signatures: bool, max_calls: int,
                     overload_lag_ms: float | None) -> list[str]:
@@ -248,6 +248,7 @@ class GatewayApp:
     def _reserve(self, call_sid: str) -> None:
         self._reservations[call_sid] = self._clock() + self.settings.reservation_s
 
+    # -- routes ---------------------------------------------------------------------------
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post(VOICE_PATH, self.voice_webhook),
@@ -293,8 +294,9 @@ class GatewayApp:
             return "draining"
         if self.problems:
             return "unhealthy"
+        occupancy = self.occupancy()  # first: it drops expired reservations
         held = 1 if call_sid is not None and call_sid in self._reservations else 0
-        if self.occupancy() - held >= self.settings.max_calls:
+        if occupancy - held >= self.settings.max_calls:
             return "at_capacity"
         if self.overload.overloaded:
             return "overloaded"
@@ -348,7 +350,8 @@ class GatewayApp:
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
             return web.Response(text=str(response), content_type="application/xml")
-        self._reserve(call_sid)
+        if call_sid not in self._live:  # a retried webhook of a live call holds no second place
+            self._reserve(call_sid)
         agent = self.settings.agent_for_number(form.get("To"))
         token = self.tokens.issue(call_sid, agent)
         stream = Stream(url=media_url)
@@ -381,7 +384,8 @@ class GatewayApp:
                 raise StreamRefused(f"call token refused: {exc.reason}", reason="token",
                                     close_message="call token refused") from exc
             agent = claims.agent
-        if self._reservations.pop(sid, None) is None and self.occupancy() >= self.settings.max_calls:
+        reserved = self._reservations.pop(sid, None) is not None
+        if not reserved and self.occupancy() >= self.settings.max_calls:
             # No webhook here reserved it (it expired, or another gateway answered the
             # webhook): it needs a free place like any new call.
             raise StreamRefused(f"call {sid} has no reservation and the gateway is full",

@@ -214,13 +214,14 @@ def test_token_round_trip(tokens: CallTokens, clock: FakeClock) -> None:
 def test_a_token_starts_one_stream_only(tokens: CallTokens, clock: FakeClock) -> None:
     """redeem spends the token: the same token again is refused, another one for the same call
     (Twilio fetched the TwiML twice) is not; spent tokens are forgotten once expired."""
-    first, second = tokens.issue(CALL, "sales"), None
+    first = tokens.issue(CALL, "sales")
     clock.now += 1
     second = tokens.issue(CALL, "sales")
     assert tokens.redeem(first, call_sid=CALL).agent == "sales"
     with pytest.raises(ReusedToken, match="already used"):
         tokens.redeem(first, call_sid=CALL)
-    assert tokens.redeem(second, call_sid=CALL).token_id != tokens.verify(first, call_sid=CALL).token_id
+    second_id = tokens.redeem(second, call_sid=CALL).token_id
+    assert second_id != tokens.verify(first, call_sid=CALL).token_id
     with pytest.raises(ReusedToken):
         tokens.redeem(second, call_sid=CALL)
     clock.now += 601
