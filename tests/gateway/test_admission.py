@@ -219,6 +219,8 @@ async def test_a_second_stream_for_a_live_call_is_refused(signed: Server, reuse:
                 await real.send_str(media(k))
             await until(lambda: sid in gw.calls and gw.calls[sid].now_ms >= 100)
             assert seen.count("call_started") == 1 and "call_ended" not in seen
+            await webhook(http, srv, 1)  # Twilio retrying the live call's webhook ...
+            assert gw.reserved == 0 and gw.occupancy() == 1  # ... takes no second place
             await real.close()
             await until(lambda: "call_ended" in seen)
             assert seen.count("call_started") == 1
