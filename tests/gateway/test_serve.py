@@ -127,7 +127,12 @@ def test_serve_fails_at_start_when_its_worker_cannot_be_built(tmp_path: Path) ->
     path.write_text(yaml.safe_dump(cfg))
     result = _callgate("serve", "--port", str(_free_port()), "--config", str(path),
                        "--vad-runtime", "onnx")
-    _one_clear_line(result, "xx-nowhere")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    # Named in the worker's start-up failure, or earlier by the config check if that builds
+    # the agents' speech (then as a config error naming file, line and field).
+    assert "xx-nowhere" in result.stderr, result.stderr
+    assert re.search(r"callgate serve: (the in-process worker failed to start|bad config)",
+                     result.stderr), result.stderr
 
 
 async def test_a_worker_that_dies_later_fails_readiness() -> None:
