@@ -23,13 +23,14 @@ _LATENCY_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.5
 
 REFUSAL_REASONS = ("draining", "at_capacity", "overloaded", "socket_over_capacity", "token",
                    "unhealthy", "duplicate_stream", "pending_sockets", "start_timeout",
-                   "signature")
+                   "signature", "stream_key")
 """The ``reason`` label of ``callgate_calls_refused_total`` (deploy/prometheus/alerts.yaml
 names them; every series exists from start-up, at 0, so the first refusal is an increase).
 ``unhealthy``: a part the gateway needs is down (the in-process worker); ``duplicate_stream``:
 a second stream for a call with a live one; ``pending_sockets``: too many sockets without a
 ``start``; ``start_timeout``: a socket closed for sending no valid ``start`` in time;
-``signature``: a webhook or upgrade without a valid ``X-Twilio-Signature``."""
+``signature``: a webhook or upgrade without a valid ``X-Twilio-Signature``; ``stream_key``: an
+upgrade whose URL's token is forged, expired or spent (a replayed upgrade)."""
 
 BUS_COUNTERS = {
     "outages": "Times the bus lost its server (Redis)",

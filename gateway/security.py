@@ -8,13 +8,14 @@ Two independent checks, because neither is enough alone:
   ``<Stream>``) and checks it when the stream's ``start`` message arrives, binding the stream to
   the call the webhook saw and to the agent chosen for it.
 
-Why the token as well: Twilio signs the WebSocket upgrade over the bare ``wss://`` URL with no
-parameters, so that signature is the *same for every call* to a given URL. Anyone who sees one
-upgrade request (a proxy log, say) can replay the header forever. The per-call token is what
-ties a stream to one call, once: :meth:`CallTokens.redeem` spends it, so a second stream with
-the same token (a replayed upgrade and ``start``) is refused even while the first one lives.
-It rides in ``start.customParameters`` because Twilio does not support query strings on
-``<Stream url>`` (error 31920).
+Why the token as well: Twilio signs the WebSocket upgrade over the ``wss://`` URL of
+``<Stream url>`` with no parameters, so for a bare URL that signature is the *same for every
+call*: anyone who sees one upgrade request (a proxy log, say) can replay the header forever.
+So the gateway puts the per-call token in the stream URL's *path*
+(``wss://host/twilio/media/<token>``; Twilio does not support query strings there, error
+31920): the signature then differs per call, and :meth:`CallTokens.redeem` spends the token at
+the upgrade, so a replayed upgrade is refused before it holds a socket. The same token also
+rides in ``start.customParameters``, which is what a stream on the bare URL is checked by.
 
 Errors::
 
@@ -315,15 +316,17 @@ class CallTokens:
         body = _b64url(json.dumps(claims, separators=(",", ":")).encode("utf-8"))
         return f"{body}.{self._mac(body)}"
 
-    def verify(self, token: str, *, call_sid: str) -> TokenClaims:
-        """Check a token from ``start.customParameters`` against the stream's call SID.
+    def verify(self, token: str, *, call_sid: str | None) -> TokenClaims:
+        """Check a token (from the stream URL's path or ``start.customParameters``).
 
         The signature is checked before anything inside the token is parsed, so unsigned
         input never reaches the JSON decoder.
 
         Args:
             token: the token as received.
-            call_sid: the call SID from the ``start`` message carrying it.
+            call_sid: the call SID from the ``start`` message carrying it; None at the
+                WebSocket upgrade, before any message (the caller then checks the claims'
+                call against the ``start`` that follows).
 
         Returns:
             The token's claims.
@@ -357,14 +360,15 @@ class CallTokens:
             or not isinstance(expires, (int, float))
         ):
             raise MalformedToken("signed token lacks call, agent or expiry")
-        if not hmac.compare_digest(tok_call.encode("utf-8"), call_sid.encode("utf-8")):
+        if call_sid is not None and not hmac.compare_digest(tok_call.encode("utf-8"),
+                                                            call_sid.encode("utf-8")):
             raise WrongCallToken(f"token was issued for call {tok_call}, not {call_sid}")
         if self._clock() >= expires:
             raise ExpiredToken(f"token expired at {expires:.0f}")
         return TokenClaims(call_sid=tok_call, agent=agent, expires_at=float(expires),
                            token_id=mac)
 
-    def redeem(self, token: str, *, call_sid: str) -> TokenClaims:
+    def redeem(self, token: str, *, call_sid: str | None) -> TokenClaims:
         """:meth:`verify` the token and spend it: a stream may start with a token once.
 
         Twilio opens one stream per ``<Stream>`` it fetched, so a second ``start`` carrying

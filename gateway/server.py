@@ -53,7 +53,13 @@ from .call import CallRejected, CallSession, CallSettings
 from .logs import RateLimitedLog
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
 from .overload import OverloadGuard
-from .security import SIGNATURE_HEADER, CallTokens, InvalidToken, SignatureValidator
+from .security import (
+    SIGNATURE_HEADER,
+    CallTokens,
+    InvalidToken,
+    SignatureValidator,
+    TokenClaims,
+)
 from .timeline import Timeline
 
 __all__ = [
@@ -253,6 +259,7 @@ class GatewayApp:
         return [
             web.post(VOICE_PATH, self.voice_webhook),
             web.get(MEDIA_PATH, self.media_socket),
+            web.get(MEDIA_PATH + "/{key}", self.media_socket),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics_endpoint),
@@ -354,7 +361,9 @@ class GatewayApp:
             self._reserve(call_sid)
         agent = self.settings.agent_for_number(form.get("To"))
         token = self.tokens.issue(call_sid, agent)
-        stream = Stream(url=media_url)
+        # The token in the path makes the upgrade's signature differ per call (Twilio signs
+        # the URL, and only the URL): a replayed upgrade is refused at once (media_socket).
+        stream = Stream(url=f"{media_url}/{token}")
         stream.parameter(name="token", value=token)
         stream.parameter(name="agent", value=agent)
         stream.parameter(name="from", value=form.get("From", ""))
@@ -365,9 +374,11 @@ class GatewayApp:
         log.info("call %s to %s -> agent %s", call_sid, form.get("To"), agent)
         return web.Response(text=str(response), content_type="application/xml")
 
-    async def _authorize(self, start: tp.Start) -> CallInfo:
+    async def _authorize(self, start: tp.Start, key: TokenClaims | None = None) -> CallInfo:
         """Admit a stream's ``start``: one live stream per call, its token unused, and a place
-        (the webhook's reservation, or a free one). Nothing awaits in here, so two starts
+        (the webhook's reservation, or a free one). ``key``: the claims of the token the
+        upgrade's URL carried (spent there), which the ``start`` must match; without one the
+        ``token`` parameter is checked and spent here. Nothing awaits in here, so two starts
         racing for one call cannot both pass."""
         params = start.custom_parameters
         agent = params.get("agent", "default")
@@ -378,11 +389,18 @@ class GatewayApp:
             raise StreamRefused(f"call {sid} already has a live stream",
                                 reason="duplicate_stream", close_message="call already streaming")
         if self.settings.validate_signatures:
-            try:
-                claims = self.tokens.redeem(params.get("token", ""), call_sid=sid)
-            except InvalidToken as exc:
-                raise StreamRefused(f"call token refused: {exc.reason}", reason="token",
-                                    close_message="call token refused") from exc
+            if key is not None:
+                if key.call_sid != sid:
+                    raise StreamRefused(f"stream URL was issued for call {key.call_sid}, not "
+                                        f"{sid}", reason="token",
+                                        close_message="call token refused")
+                claims = key
+            else:
+                try:
+                    claims = self.tokens.redeem(params.get("token", ""), call_sid=sid)
+                except InvalidToken as exc:
+                    raise StreamRefused(f"call token refused: {exc.reason}", reason="token",
+                                        close_message="call token refused") from exc
             agent = claims.agent
         reserved = self._reservations.pop(sid, None) is not None
         if not reserved and self.occupancy() >= self.settings.max_calls:
@@ -402,10 +420,23 @@ class GatewayApp:
 
     async def media_socket(self, request: web.Request) -> web.StreamResponse:
         _, media_url = _public_urls(self.settings, request)
+        key = request.match_info.get("key")
+        if key is not None:
+            media_url = f"{media_url}/{key}"
         if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None):
             self.metrics.refused("signature")
             _SOCKETS_REFUSED.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
+        claims: TokenClaims | None = None
+        if key is not None and self.settings.validate_signatures:
+            try:
+                # Spent here: the same URL and signature again (a replay) is refused now,
+                # before it holds a socket.
+                claims = self.tokens.redeem(key, call_sid=None)
+            except InvalidToken as exc:
+                self.metrics.refused("stream_key")
+                _SOCKETS_REFUSED.warning("media upgrade refused: stream URL key: %s", exc.reason)
+                raise web.HTTPForbidden(text="stream URL refused") from exc
         cap = self.settings.max_calls + max(1, self.settings.max_calls // 10)
         if self.sockets_open >= cap:
             # The webhook already refuses calls at max_calls; this guards the machine against
@@ -429,13 +460,13 @@ class GatewayApp:
                 self.sockets_pending -= 1
 
         try:
-            return await self._run_media_socket(request, started)
+            return await self._run_media_socket(request, started, claims)
         finally:
             self.sockets_open -= 1
             started()
 
-    async def _run_media_socket(self, request: web.Request,
-                                started: Callable[[], None]) -> web.WebSocketResponse:
+    async def _run_media_socket(self, request: web.Request, started: Callable[[], None],
+                                key: TokenClaims | None) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=1 << 20)
         await ws.prepare(request)
         session: CallSession | None = None
@@ -453,7 +484,7 @@ class GatewayApp:
         timeline.add_listener(self.metrics.observe_event)
         session = CallSession(
             send=send, bus=self.bus, vad=self.vad, timeline=timeline,
-            authorize=self._authorize,
+            authorize=lambda start: self._authorize(start, key),
             settings_for=lambda info: self.settings.call_settings_for(info.agent),
             transcriber_for=(None if self.settings.transcriber_for is None
                              else lambda info: self.settings.transcriber_for(info.agent)),  # type: ignore[misc]

@@ -221,7 +221,7 @@ async def test_serve_writes_its_port_and_reloads_security_on_sighup(serving: Any
         status, twiml = await _webhook(http, base, "CA" + "1" * 32, signed=False)
         assert status == 200
         # No public URL configured: the stream URL is where this gateway listens.
-        assert f'<Stream url="ws://127.0.0.1:{port}/twilio/media">' in twiml
+        assert f'<Stream url="ws://127.0.0.1:{port}/twilio/media/' in twiml
         cfg = _shipped(twilio__validate_signatures=True, server__max_calls=2,
                        server__port=port + 1, twilio__auth_token="${TWILIO_AUTH_TOKEN}")
         path.write_text(yaml.safe_dump(cfg))

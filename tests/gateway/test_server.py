@@ -50,9 +50,10 @@ async def test_webhook_answers_twiml_with_stream_and_token(server: Any) -> None:
         body = await r.text()
     assert r.status == 200
     assert r.content_type == "application/xml"
-    assert f'<Stream url="{MEDIA_URL}">' in body
     token = re.search(r'<Parameter name="token" value="([^"]+)"', body)
     assert token is not None
+    # The stream URL carries the token in its path: Twilio signs the upgrade over it.
+    assert f'<Stream url="{MEDIA_URL}/{token.group(1)}">' in body
     claims = gw.tokens.verify(token.group(1), call_sid=CALL_SID)
     assert claims.agent == "support"
 
@@ -119,6 +120,56 @@ async def test_start_without_a_valid_token_is_refused(server: Any, case: str) ->
     assert gw.calls == {}
 
 
+async def _until(condition: Any, timeout: float = 10.0) -> None:
+    """Wait for state that changes in the server's handler task, bounded by a deadline."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def _keyed_upgrade(http: aiohttp.ClientSession, srv: TestServer,
+                         token: str) -> aiohttp.ClientWebSocketResponse:
+    """Upgrade as Twilio does for the TwiML's URL (the token in its path), signed over it."""
+    return await http.ws_connect(srv.make_url(f"/twilio/media/{token}"),
+                                 headers={"X-Twilio-Signature": sign(f"{MEDIA_URL}/{token}", {})})
+
+
+async def test_a_replayed_upgrade_is_refused_before_it_holds_a_socket(server: Any) -> None:
+    """Each call's stream URL differs (its token), so does the upgrade's signature; the token
+    is spent by the upgrade. The same upgrade again (headers and all) gets 403, while the call
+    lives and after; so does one whose URL's token is not ours, or is for another call."""
+    srv, gw = server
+    token = await _token(srv)
+    async with aiohttp.ClientSession() as http:
+        ws = await _keyed_upgrade(http, srv, token)
+        await ws.send_str(_start(CALL_SID, None))  # the URL's token is the credential
+        await _until(lambda: CALL_SID in gw.calls)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as exc:  # while the call lives
+            await _keyed_upgrade(http, srv, token)
+        assert exc.value.status == 403 and gw.sockets_open == 1
+        await ws.close()
+        await _until(lambda: not gw.calls)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as exc:  # and after
+            await _keyed_upgrade(http, srv, token)
+        assert exc.value.status == 403
+        # A token we did not issue, signed over its own URL (as by someone with the auth
+        # token, or a URL Twilio never had): refused as well.
+        forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+        with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
+            await _keyed_upgrade(http, srv, forged)
+        assert exc.value.status == 403
+        # The URL of one call, and a `start` for another: closed 1008.
+        other = await _token(srv)
+        ws = await _keyed_upgrade(http, srv, other)
+        await ws.send_str(_start("CA" + "9" * 32, None))
+        assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.CLOSE
+        assert ws.close_code == 1008
+        metrics = await (await http.get(srv.make_url("/metrics"))).text()
+    assert 'callgate_calls_refused_total{reason="stream_key"} 3.0' in metrics
+    assert 'callgate_calls_refused_total{reason="token"} 1.0' in metrics
+
+
 async def _speaking_worker(text_ms: int, ready: asyncio.Event) -> dict[str, Any]:
     """A minimal worker on the embedded bus: says one utterance when the call starts."""
     seen: dict[str, Any] = {"types": []}
@@ -148,9 +199,10 @@ async def test_a_whole_call_over_the_websocket(server: Any) -> None:
     ready = asyncio.Event()
     worker = asyncio.create_task(_speaking_worker(1000, ready))
     await ready.wait()
-    report = await play_call(rec.source("dtmf_pin_after_prompt"), str(srv.make_url("/twilio/media")),
-                             token=token, speed=20.0,
-                             headers={"X-Twilio-Signature": sign(MEDIA_URL, {})},
+    # The stream URL of the TwiML, as Twilio opens it: the token in its path, signed over it.
+    report = await play_call(rec.source("dtmf_pin_after_prompt"),
+                             str(srv.make_url(f"/twilio/media/{token}")), token=token, speed=20.0,
+                             headers={"X-Twilio-Signature": sign(f"{MEDIA_URL}/{token}", {})},
                              call_sid=CALL_SID)
     seen = await asyncio.wait_for(worker, 10)
     assert report.stats.audio_bytes == 8000  # the whole utterance, 1 s of mu-law
