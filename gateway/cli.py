@@ -15,11 +15,11 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     """Without a bot script the configured agent runs: an in-process worker (process
     composition, as in `serve`; the gateway modules themselves never import nodes/)."""
     from config import ConfigHolder
-    from nodes import run_worker
+    from nodes import check_agents, run_worker
 
     from .server import TranscriberCache, call_settings_from
 
-    holder = ConfigHolder(args.config)
+    holder = ConfigHolder(args.config, validate=check_agents)
     cfg = holder.current
     transcribers = TranscriberCache(holder)
     return {
@@ -78,9 +78,10 @@ def _call(args: argparse.Namespace) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     from config import ConfigError, load_config
+    from nodes import check_agents  # process composition: every agent graph must build
 
     try:
-        cfg = load_config(args.path)
+        cfg = load_config(args.path, validate=check_agents)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
