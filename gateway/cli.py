@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("recording", type=Path, help="NAME.twilio.jsonl or a WAV")
     r.add_argument("--bot-script", type=Path,
                    help="labels whose bot_turns the bot speaks; without it the configured agent "
-                        "runs (paced, since it answers in real time)")
+                        "runs (each frame waits for the agent's work)")
     r.add_argument("--config", type=Path, default=None, help="YAML config for the agent")
     r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
     r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")
