@@ -55,7 +55,9 @@ class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(thread_name_prefix="callgate-lockstep")
-        self._loop = loop
+        # Weak: the loop owns this executor; a strong reference back would keep every closed
+        # loop (one per test) alive through ``Lockstep._by_loop``.
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self.in_flight = 0
         self._idle: list[asyncio.Future[None]] = []
@@ -73,8 +75,20 @@ class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
                 self.in_flight -= 1
             raise
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-        inner.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._finish, f, outer))
+        inner.add_done_callback(lambda f: self._relay(f, outer))
         return outer
+
+    def _relay(
+        self, inner: concurrent.futures.Future[Any], outer: concurrent.futures.Future[Any]
+    ) -> None:
+        loop = self._loop()
+        try:
+            if loop is None:
+                raise RuntimeError("event loop is gone")
+            loop.call_soon_threadsafe(self._finish, inner, outer)
+        except RuntimeError:  # the loop closed while the thread ran: nobody waits any more
+            with self._lock:
+                self.in_flight -= 1
 
     def _finish(
         self, inner: concurrent.futures.Future[Any], outer: concurrent.futures.Future[Any]
@@ -99,7 +113,7 @@ class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
     async def idle(self) -> None:
         """Return once no call is in flight."""
         if self.in_flight:
-            waiter = self._loop.create_future()
+            waiter = asyncio.get_running_loop().create_future()
             self._idle.append(waiter)
             await waiter
 
@@ -116,7 +130,7 @@ class Lockstep:
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop_ref = weakref.ref(loop)  # weak, as in _CountingExecutor
         self._executor = _CountingExecutor(loop)
         loop.set_default_executor(self._executor)
         self._waiters: list[asyncio.Future[None]] = []
@@ -138,14 +152,23 @@ class Lockstep:
 
     async def settled(self) -> None:
         """Return once nothing in this process can run and no thread work is in flight."""
-        waiter = self._loop.create_future()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop_ref():
+            raise RuntimeError("Lockstep.settled() awaited on another event loop than its own")
+        waiter = loop.create_future()
         self._waiters.append(waiter)
         if self._poller is None or self._poller.done():
-            self._poller = self._loop.create_task(self._poll(), name="callgate-lockstep")
+            self._poller = loop.create_task(self._poll(), name="callgate-lockstep")
         await waiter
 
     async def _poll(self) -> None:
-        ready = getattr(self._loop, "_ready", None)
+        try:
+            await self._release_when_quiet()
+        finally:
+            self._poller = None  # a finished task still refers to its loop
+
+    async def _release_when_quiet(self) -> None:
+        ready = getattr(asyncio.get_running_loop(), "_ready", None)
         needed = _QUIET_ROUNDS if ready is not None else _BLIND_ROUNDS
         quiet = 0
         while True:

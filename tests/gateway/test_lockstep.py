@@ -4,7 +4,9 @@ thread work, replies over loopback sockets), and does not wait for timers."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -112,3 +114,19 @@ async def test_settled_does_not_wait_for_timers() -> None:
 
 async def test_one_lockstep_per_loop() -> None:
     assert Lockstep.of() is Lockstep.of()
+
+
+def test_a_closed_loop_is_not_kept_alive() -> None:
+    loop = asyncio.new_event_loop()
+
+    async def use() -> None:
+        await asyncio.to_thread(_cpu_work, 1000)
+        await Lockstep.of().settled()
+
+    loop.run_until_complete(use())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert ref() is None
