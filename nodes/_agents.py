@@ -528,6 +528,10 @@ class ConfiguredLLMNode(OutputAgentNode):
 # -- building an agent -------------------------------------------------------------------------
 
 
+SubPath = tuple[str | int, ...]
+"""Keys and list indices below ``agents.<name>`` in the YAML."""
+
+
 @dataclass(frozen=True, slots=True)
 class _LLMPlan:
     config: LLMNodeConfig
@@ -543,10 +547,6 @@ class _ClassPlan:
     where: SubPath
 
 
-SubPath = tuple[str | int, ...]
-"""Keys and list indices below ``agents.<name>`` in the YAML."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Problem:
     """Why an agent cannot be built, at the field of its YAML that says so."""
@@ -555,9 +555,9 @@ class _Problem:
     message: str
 
 
-class _Problems(AgentLoadError):
-    """Raised inside one check; collected by ``_AgentPlan`` (and, from a call's ``build``, the
-    worker's reason for a failed setup)."""
+class _Unbuildable(AgentLoadError):
+    """One problem, raised inside one check and collected by ``_AgentPlan`` (from a call's
+    ``build``: the worker's reason for the failed setup)."""
 
     def __init__(self, field: SubPath, message: str) -> None:
         super().__init__(message)
@@ -568,7 +568,7 @@ def _check_args(target: Callable[..., Any], field: SubPath, *args: Any, **kwargs
     try:
         inspect.signature(target).bind(*args, **kwargs)
     except TypeError as exc:
-        raise _Problems(field, f"does not take these args: {exc}") from exc
+        raise _Unbuildable(field, f"does not take these args: {exc}") from exc
     except ValueError:
         pass  # no signature to check (a builtin)
 
@@ -596,7 +596,7 @@ class _AgentPlan:
                     self.plans.append(self._llm_plan(node, where, tool_loader))
                 else:
                     self.plans.append(self._class_plan(node, where))
-            except _Problems as exc:
+            except _Unbuildable as exc:
                 self.problems.append(exc.problem)
         if self.problems:
             return  # what speaks, and where a goto may go, is known once every node loads
@@ -643,7 +643,7 @@ class _AgentPlan:
                 except ToolNotDecoratedError:
                     registry.register(function_tool(function))
             except Exception as exc:  # user code: an import or a signature that fails
-                raise _Problems((*tools_at, index), f"tool {ref!r}: {exc}") from exc
+                raise _Unbuildable((*tools_at, index), f"tool {ref!r}: {exc}") from exc
         prompt = node.prompt or (llm.prompt if llm is not None else None)
         return _LLMPlan(node, prompt, registry, where)
 
@@ -651,18 +651,18 @@ class _AgentPlan:
         try:
             target = load_agent(node.ref)
         except AgentLoadError as exc:
-            raise _Problems((*where, "ref"), str(exc)) from exc
+            raise _Unbuildable((*where, "ref"), str(exc)) from exc
         if not inspect.isclass(target):
-            raise _Problems(
+            raise _Unbuildable(
                 (*where, "ref"),
                 "a setup function must be the agent's only node; in a graph, ref a Node subclass",
             )
         if not issubclass(target, Node):
-            raise _Problems((*where, "ref"), f"{target.__name__} is not a nodes.Node subclass")
+            raise _Unbuildable((*where, "ref"), f"{target.__name__} is not a nodes.Node subclass")
         _check_args(target, (*where, "args"), **node.args)
         property_ = inspect.getattr_static(target, "is_interruptible", None)
         if node.interruptible is not None and property_ is not Node.__dict__["is_interruptible"]:
-            raise _Problems(
+            raise _Unbuildable(
                 (*where, "interruptible"),
                 f"{target.__name__} defines is_interruptible itself, so the YAML cannot set "
                 "`interruptible`",
@@ -744,20 +744,20 @@ class _AgentPlan:
         """``make(*args)``; what it raises becomes a problem at ``plan``'s node."""
         try:
             return make(*args)
-        except _Problems:
+        except _Unbuildable:
             raise
         except Exception as exc:  # user code or the LLM's settings: located, never a crash
             field = plan.where
             if isinstance(plan, _ClassPlan):
                 field = (*field, "args" if plan.config.args else "ref")
-            raise _Problems(field, _raised(exc)) from exc
+            raise _Unbuildable(field, _raised(exc)) from exc
 
     def trial_build(self) -> None:
         """Build the graph of one call as ``setup`` does, without starting it: a node class
         whose constructor fails, or an LLM that cannot be made, becomes a problem."""
         try:
             self.build(AgentSession(f"check-{self.agent.name}"), [])
-        except _Problems as exc:
+        except _Unbuildable as exc:
             self.problems.append(exc.problem)
 
 
@@ -785,7 +785,7 @@ def _function_plan(node: PythonNodeConfig, target: SetupFn) -> _Problem | None:
         )
     try:
         _check_args(target, (*where, "args"), None, **node.args)
-    except _Problems as exc:
+    except _Unbuildable as exc:
         return exc.problem
     return None
 
@@ -872,7 +872,7 @@ def _checking_llm_factory(agent: AgentConfig, node: LLMNodeConfig) -> ChatLLM:
     if llm is not None and llm.provider == "openai":
         key = llm.api_key.get_secret_value() if llm.api_key is not None else None
         if not (key or os.environ.get("OPENAI_API_KEY")):
-            raise _Problems(
+            raise _Unbuildable(
                 ("llm", "api_key"),
                 "provider 'openai' needs an API key: api_key: ${OPENAI_API_KEY}, with that "
                 "variable set (none is set in this environment)",
