@@ -462,7 +462,6 @@ def serve(args: argparse.Namespace) -> int:
     """``callgate serve``: the gateway, plus an in-process worker unless ``--no-worker``."""
     from bus import make_bus
     from config import ConfigError, ConfigHolder
-
     from nodes import check_agents  # process composition: a reload must build every agent
 
     try:
