@@ -14,8 +14,8 @@ Modules:
 * ``_summary``: the text ``callgate config check`` prints.
 """
 
-from ._errors import ConfigError, ConfigErrorItem
-from ._loader import DEFAULT_CONFIG, load_config, parse_config, resolve_config_path
+from ._errors import ConfigError, ConfigErrorItem, ConfigProblem
+from ._loader import DEFAULT_CONFIG, Validator, load_config, parse_config, resolve_config_path
 from ._reload import RESTART_REQUIRED, ConfigHolder, ReloadResult
 from ._schema import (
     AgentConfig,
@@ -42,6 +42,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConfigErrorItem",
+    "ConfigProblem",
     "ConfigHolder",
     "LLMConfig",
     "LLMNodeConfig",
@@ -53,6 +54,7 @@ __all__ = [
     "ServerConfig",
     "TTSConfig",
     "TwilioConfig",
+    "Validator",
     "load_config",
     "parse_config",
     "resolve_config_path",

@@ -1,7 +1,11 @@
 """Errors raised while loading a config file.
 
-    ConfigError             the file is missing, unreadable, not YAML, or does not match the schema
-                            (``.errors`` holds one ConfigErrorItem per problem, all of them)
+    ConfigError             the file is missing, unreadable, not YAML, or does not match the schema,
+                            or a validator passed to the loader found problems (``.errors`` holds
+                            one ConfigErrorItem per problem, all of them)
+
+A validator (``load_config(..., validate=)``) reports :class:`ConfigProblem`s: a field path and a
+message, which the loader turns into ConfigErrorItems with the file, line and column of that field.
 
 Every problem names the file, the line and column of the offending key (or of the enclosing mapping
 for a missing field), the dotted field path and what was expected, e.g.::
@@ -14,7 +18,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-__all__ = ["ConfigError", "ConfigErrorItem"]
+__all__ = ["ConfigError", "ConfigErrorItem", "ConfigProblem"]
+
+
+class ConfigProblem(NamedTuple):
+    """A problem a validator found in a loaded config, before it is located in the file."""
+
+    path: tuple[str | int, ...]
+    """Keys and list indices from the top of the file, e.g. ``("agents", "support", "nodes", 1,
+    "args")``; the loader points at the deepest part the file has."""
+    message: str
+    """What is wrong and what was expected."""
 
 
 class ConfigErrorItem(NamedTuple):

@@ -5,6 +5,10 @@ Pydantic reports a problem at a ``loc`` such as ``("agents", "support", "nodes",
 not in the data (``"python"`` is the discriminated union's tag, ``"[key]"`` a dict key's) are
 skipped, and the deepest part found gives the line and column of the offending key. A missing
 field is not in the data at all, so it points at its parent mapping.
+
+A ``validate`` callable (``load_config(path, validate=...)``) checks what the schema cannot: the
+command line passes ``nodes.check_agents``, which builds every agent graph (config/ itself never
+imports nodes/). It returns :class:`ConfigProblem`s, located in the file the same way.
 """
 
 from __future__ import annotations
@@ -14,17 +18,27 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ._errors import ConfigError, ConfigErrorItem
+from ._errors import ConfigError, ConfigErrorItem, ConfigProblem
 from ._schema import PROBLEMS_ERROR_TYPE, AgentConfig, Config, reference_problems
 from ._yaml import SECRET_FIELDS, FieldPath, YamlSyntaxError, YamlTree, build_tree
 
-__all__ = ["DEFAULT_CONFIG", "ENV_VAR", "load_config", "parse_config", "resolve_config_path"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ENV_VAR",
+    "Validator",
+    "load_config",
+    "parse_config",
+    "resolve_config_path",
+]
+
+Validator = Callable[[Config], Iterable[ConfigProblem]]
+"""Checks a config that matches the schema; every problem it returns makes the load fail."""
 
 ENV_VAR = "CALLGATE_CONFIG"
 """Environment variable naming the config file used when no path is given."""
@@ -47,7 +61,10 @@ def resolve_config_path(
 
 
 def load_config(
-    path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    validate: Validator | None = None,
 ) -> Config:
     """Load and check a config file.
 
@@ -56,6 +73,8 @@ def load_config(
             ``config/agents.yaml``.
         env: Where ``${VAR}`` references (and ``CALLGATE_CONFIG``) are looked up; default
             ``os.environ``.
+        validate: Further checks of a config that matches the schema (e.g.
+            ``nodes.check_agents``: every agent graph builds); its problems name file and line.
 
     Returns:
         The config, with ``source`` set to the file's absolute path.
@@ -83,7 +102,7 @@ def load_config(
         raise ConfigError(
             [ConfigErrorItem(shown, None, None, "", f"cannot read: {exc.strerror or exc}")]
         ) from exc
-    return parse_config(text, source=file, env=env)
+    return parse_config(text, source=file, env=env, validate=validate)
 
 
 def parse_config(
@@ -91,6 +110,7 @@ def parse_config(
     *,
     source: str | os.PathLike[str] = "<string>",
     env: Mapping[str, str] | None = None,
+    validate: Validator | None = None,
 ) -> Config:
     """Check config ``text`` as if read from ``source`` (used in messages and ``Config.source``).
 
@@ -104,7 +124,8 @@ def parse_config(
         tree = build_tree(text, env)
     except YamlSyntaxError as exc:
         line, col = (exc.mark.line, exc.mark.col) if exc.mark else (None, None)
-        raise ConfigError([ConfigErrorItem(shown, line, col, "", exc.message)]) from exc
+        field = _dotted(exc.path)
+        raise ConfigError([ConfigErrorItem(shown, line, col, field, exc.message)]) from exc
 
     items: list[ConfigErrorItem] = []
     for path, message in tree.problems:
@@ -136,6 +157,11 @@ def parse_config(
         raise ConfigError(_unique(items))
     assert config is not None
     config._source = source_path.resolve() if not str(source).startswith("<") else source_path
+    if validate is not None:
+        found = [_item(shown, tree, tuple(p.path), p.message) for p in validate(config)]
+        if found:
+            found.sort(key=lambda item: (item.line or 0, item.col or 0))
+            raise ConfigError(_unique(found))
     return config
 
 

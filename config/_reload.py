@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
-from ._loader import load_config, resolve_config_path
+from ._loader import Validator, load_config, resolve_config_path
 from ._schema import Config
 
 __all__ = ["RESTART_REQUIRED", "ConfigHolder", "ReloadResult"]
@@ -80,18 +80,25 @@ class ConfigHolder:
     Args:
         path: The YAML file; None: ``$CALLGATE_CONFIG``, else the shipped ``config/agents.yaml``.
         env: Where ``${VAR}`` is looked up on every load; default ``os.environ``.
+        validate: Run on every load (``load_config(validate=)``): a file it finds problems in
+            is refused like a bad one. The processes pass ``nodes.check_agents``.
 
     Raises:
         ConfigError: The file is bad at construction (there is no old config to keep).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        validate: Validator | None = None,
     ) -> None:
         self._env = env
+        self._validate = validate
         self.path: Path = resolve_config_path(path, env=env)
         self._stamp = _stamp(self.path)
-        self._current: Config = load_config(self.path, env=env)
+        self._current: Config = load_config(self.path, env=env, validate=validate)
         self._listeners: list[Listener] = []
         self._checks: list[Check] = []
         self.last_reload: ReloadResult | None = None
@@ -148,7 +155,7 @@ class ConfigHolder:
     def _reload(self) -> ReloadResult:
         self._stamp = _stamp(self.path)
         try:
-            new = load_config(self.path, env=self._env)
+            new = load_config(self.path, env=self._env, validate=self._validate)
             for check in list(self._checks):
                 check(new)
         except (ConfigError, ValueError) as exc:

@@ -47,12 +47,14 @@ class Mark:
 
 
 class YamlSyntaxError(Exception):
-    """The text is not YAML (or not one document); carries the mark of the problem."""
+    """The text is not YAML (or not one document); carries the mark of the problem and the
+    path of the field being read when the parser stopped (``()`` when it cannot tell)."""
 
-    def __init__(self, message: str, mark: Mark | None) -> None:
+    def __init__(self, message: str, mark: Mark | None, path: FieldPath = ()) -> None:
         super().__init__(message)
         self.message = message
         self.mark = mark
+        self.path = path
 
 
 @dataclass(slots=True)
@@ -94,7 +96,7 @@ def build_tree(text: str, env: Mapping[str, str]) -> YamlTree:
         lines = text.splitlines()
         if mark is not None and 0 < mark.line <= len(lines) and "${" in lines[mark.line - 1]:
             message += "; quote values that use ${VAR} inside [...] or {...}"
-        raise YamlSyntaxError(message, mark) from exc
+        raise YamlSyntaxError(message, mark, _path_at_error(text)) from exc
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(f"invalid YAML: {exc}", None) from exc
     if root is None:
@@ -104,6 +106,48 @@ def build_tree(text: str, env: Mapping[str, str]) -> YamlTree:
     builder.marks[()] = _mark(root)
     tree.data = builder.build(root, ())
     return tree
+
+
+def _path_at_error(text: str) -> FieldPath:
+    """The field the parser was in when it failed: PyYAML's event stream runs up to the error,
+    so following its mappings and sequences gives the exact path (``()`` at the top level)."""
+    # A frame per open collection: [key or None, expecting a key] for a mapping, [index] for
+    # a sequence.
+    frames: list[list[Any]] = []
+
+    def value_done() -> None:
+        if frames:
+            top = frames[-1]
+            if len(top) == 2:
+                top[1] = True  # the mapping's value is complete: a key comes next
+            else:
+                top[0] += 1
+
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                frames.append([None, True] if isinstance(event, yaml.MappingStartEvent) else [0])
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                frames.pop()
+                value_done()
+            elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+                top = frames[-1] if frames else None
+                if top is not None and len(top) == 2 and top[1]:
+                    top[0] = event.value if isinstance(event, yaml.ScalarEvent) else "*"
+                    top[1] = False
+                else:
+                    value_done()
+    except yaml.YAMLError:
+        pass
+    path: list[str | int] = []
+    for frame in frames:
+        if len(frame) == 1:
+            path.append(frame[0])
+        elif frame[0] is not None:
+            path.append(str(frame[0]))
+            if frame[1]:
+                break  # between this mapping's entries: the last key read is where it failed
+    return tuple(path)
 
 
 def _yaml_mark(exc: yaml.MarkedYAMLError) -> Mark | None:

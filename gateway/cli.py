@@ -21,11 +21,11 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     """Without a bot script the configured agent runs: an in-process worker (process
     composition, as in `serve`; the gateway modules themselves never import nodes/)."""
     from config import ConfigHolder
-    from nodes import run_worker
+    from nodes import check_agents, run_worker
 
     from .server import TranscriberCache, call_settings_from
 
-    holder = ConfigHolder(args.config)
+    holder = ConfigHolder(args.config, validate=check_agents)
     cfg = holder.current
     transcribers = TranscriberCache(holder)
     return {
@@ -97,9 +97,10 @@ def _call(args: argparse.Namespace) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     from config import ConfigError, load_config
+    from nodes import check_agents  # process composition: every agent graph must build
 
     try:
-        cfg = load_config(args.path)
+        cfg = load_config(args.path, validate=check_agents)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -154,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("recording", type=Path, help="NAME.twilio.jsonl or a WAV")
     r.add_argument("--bot-script", type=Path,
                    help="labels whose bot_turns the bot speaks; without it the configured agent "
-                        "runs (paced, since it answers in real time)")
+                        "runs (each frame waits for the agent's work)")
     r.add_argument("--config", type=Path, default=None, help="YAML config for the agent")
     r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
     r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")

@@ -7,7 +7,10 @@ mark at once, as Twilio does (:class:`gateway.twilio_sim.TwilioPlayout`).
 
 It runs lock-step, as fast as the CPU allows: frame *k* (media ``[t, t+20)``) is handed to the
 controller only after the controller has finished with frame *k-1*, so event times depend on the
-media clock alone, never on CPU speed. ``realtime=True`` paces it at 1x.
+media clock alone, never on CPU speed. With an agent, "finished" includes the work the frame
+started: its speech to text (awaited in the frame) and the session worker's reaction, down to
+the gateway having queued the reply's audio (:class:`gateway.lockstep.Lockstep`), so a loaded
+machine gives the same timeline as an idle one. ``realtime=True`` paces it at 1x as well.
 
 ``bot_script`` (the labels of a recording) makes the bot speak the labelled ``bot_turns`` at their
 times, each with the slice ``[start_ms, end_ms)`` of ``bot_wav`` as its audio, so the echo in the
@@ -34,12 +37,16 @@ from bus import Bus, EmbeddedBus, EmbeddedHub
 from . import twilio_protocol as tp
 from .audio import chunk_audio, read_wav_ulaw
 from .call import CallSession, CallSettings
+from .lockstep import Lockstep
 from .timeline import Timeline
 from .twilio_sim import TwilioPlayout
 
 __all__ = ["BotTurn", "ReplayError", "load_bot_script", "recording_messages", "replay"]
 
 FRAME_MS = 20
+# Hang guard, in wall time, for the work one frame started (an agent stuck in a loop, a thread
+# that never returns): reaching it fails the replay; an idle machine settles in milliseconds.
+SETTLE_GUARD_S = 120.0
 
 
 class ReplayError(Exception):
@@ -160,9 +167,17 @@ async def replay(
 
     ``agent``: instead of a bot script, a session worker runs on the same bus for the call
     (``agent(bus, stop)`` returns once ``stop`` is set and its calls are done); the gateway
-    consumes the call's downlink as it does live. The worker answers in wall time, so agent
-    replays are paced (``realtime`` is implied). ``transcriber_for`` gives the call its speech
-    to text (``speech.make_transcriber``), as the live gateway does.
+    consumes the call's downlink as it does live. After each frame the replay waits until the
+    worker and the gateway have done what the frame caused (:class:`~gateway.lockstep.Lockstep`:
+    nothing left to run in the process, no thread work in flight), so the worker answers in
+    no media time however loaded the machine is. An agent that waits on another process (an LLM
+    across the network) answers in wall time: give it ``realtime``. ``transcriber_for`` gives the
+    call its speech to text (``speech.make_transcriber``), as the live gateway does; each
+    caller turn is transcribed before the next frame.
+
+    Raises:
+        ReplayError: The recording cannot be read, or the work a frame started was still going
+            on after ``SETTLE_GUARD_S`` of wall time.
     """
     from vad import VadEngine
 
@@ -189,12 +204,12 @@ async def replay(
             await engine.start()
         if own_bus:
             await the_bus.start()
+        # Transcribed in the frame that ends the caller's turn: the replay waits for it.
         session = CallSession(send=send, bus=the_bus, vad=engine, settings=settings,
                               timeline=timeline, transcriber_for=transcriber_for,
-                              transcribe_inline=agent is None)
+                              transcribe_inline=True)
+        lockstep = Lockstep.of() if agent is not None else None
         agent_task = asyncio.create_task(agent(the_bus, stop_agent)) if agent else None
-        if agent is not None:
-            realtime = True
         t0 = time.monotonic()
 
         async def deliver(echoes: list[str]) -> None:
@@ -208,6 +223,22 @@ async def replay(
                         outbox.pop(0)
                 if queue:
                     await session.handle_text(queue.pop(0))
+
+        async def settle() -> None:
+            """Route what the controller sent; with an agent, first let the work started by
+            the frames so far finish (it may send more, and the echoes may start more)."""
+            await deliver([])
+            while lockstep is not None:
+                try:
+                    await asyncio.wait_for(lockstep.settled(), SETTLE_GUARD_S)
+                except TimeoutError as exc:
+                    raise ReplayError(
+                        f"{recording}: the agent was still busy {SETTLE_GUARD_S:.0f} s after "
+                        f"media time {session.now_ms:.0f} ms (a task that never waits?)"
+                    ) from exc
+                if not outbox:
+                    return
+                await deliver([])
 
         for line in recording_messages(recording):
             media_start: float | None = None
@@ -236,7 +267,7 @@ async def replay(
                 playout = TwilioPlayout(stream_sid=session.stream_sid, keep_audio=keep_audio)
                 if agent is not None:
                     downlink_task = asyncio.create_task(session.run_downlink())
-            await deliver([])
+            await settle()
             if session.ended:
                 break
         await session.end("replay_finished")

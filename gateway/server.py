@@ -806,9 +806,10 @@ def serve(args: argparse.Namespace) -> int:
     """``callgate serve``: the gateway, plus an in-process worker unless ``--no-worker``."""
     from bus import make_bus
     from config import ConfigError, ConfigHolder
+    from nodes import check_agents  # process composition: a reload must build every agent
 
     try:
-        holder = ConfigHolder(args.config)
+        holder = ConfigHolder(args.config, validate=check_agents)
     except ConfigError as exc:
         print(f"callgate serve: bad config:\n{exc}", file=sys.stderr)
         return 1
@@ -918,10 +919,10 @@ def run_worker(args: argparse.Namespace) -> int:
     """``callgate worker --redis URL``: a session-worker process."""
     from bus import make_bus
     from config import ConfigError, ConfigHolder
-    from nodes import run_worker as run
+    from nodes import check_agents, run_worker as run
 
     try:
-        holder = ConfigHolder(args.config)
+        holder = ConfigHolder(args.config, validate=check_agents)
     except ConfigError as exc:
         print(f"callgate worker: bad config:\n{exc}", file=sys.stderr)
         return 1

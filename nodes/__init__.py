@@ -87,6 +87,7 @@ from ._agents import (
     LLMFactory,
     ToolLoader,
     agent_factory_from_config,
+    check_agents,
     default_llm_factory,
     setup_from_config,
 )
@@ -176,6 +177,7 @@ __all__ = [
     "ScriptedLLM",
     "ToolLoader",
     "agent_factory_from_config",
+    "check_agents",
     "default_llm_factory",
     "run_worker",
     "setup_from_config",

@@ -74,15 +74,18 @@ import enum
 import functools
 import inspect
 import logging
+import os
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from bus import CallInfo
 from config import (
     AgentConfig,
+    Config,
     ConfigHolder,
+    ConfigProblem,
     LLMNodeConfig,
     PythonNodeConfig,
     ScriptRule,
@@ -116,6 +119,7 @@ __all__ = [
     "LLMFactory",
     "ToolLoader",
     "agent_factory_from_config",
+    "check_agents",
     "default_llm_factory",
     "setup_from_config",
 ]
@@ -131,6 +135,7 @@ _ROUTER_NAME = "callgate::router"  # ':' cannot occur in a YAML node name
 _IMPLICIT_NODE = "main"  # the node of an agent that declares no nodes
 _MAX_TOOL_ROUNDS = 5  # LLM calls per response: a model that keeps calling tools is cut off
 _REMEMBERED_TRANSCRIPTS = 64
+_T = TypeVar("_T")
 
 
 class ChatLLM(Protocol):
@@ -523,30 +528,57 @@ class ConfiguredLLMNode(OutputAgentNode):
 # -- building an agent -------------------------------------------------------------------------
 
 
+SubPath = tuple[str | int, ...]
+"""Keys and list indices below ``agents.<name>`` in the YAML."""
+
+
 @dataclass(frozen=True, slots=True)
 class _LLMPlan:
     config: LLMNodeConfig
     prompt: str | None
     tools: ToolRegistry
+    where: SubPath  # the node in the agent's YAML
 
 
 @dataclass(frozen=True, slots=True)
 class _ClassPlan:
     config: PythonNodeConfig
     cls: type[Node]
+    where: SubPath
 
 
-def _check_args(target: Callable[..., Any], ref: str, *args: Any, **kwargs: Any) -> None:
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    """Why an agent cannot be built, at the field of its YAML that says so."""
+
+    field: SubPath
+    message: str
+
+
+class _Unbuildable(AgentLoadError):
+    """One problem, raised inside one check and collected by ``_AgentPlan`` (from a call's
+    ``build``: the worker's reason for the failed setup)."""
+
+    def __init__(self, field: SubPath, message: str) -> None:
+        super().__init__(message)
+        self.problem = _Problem(field, message)
+
+
+def _check_args(target: Callable[..., Any], field: SubPath, *args: Any, **kwargs: Any) -> None:
     try:
         inspect.signature(target).bind(*args, **kwargs)
     except TypeError as exc:
-        raise AgentLoadError(f"{ref}: does not take these args: {exc}") from exc
+        raise _Unbuildable(field, f"does not take these args: {exc}") from exc
     except ValueError:
         pass  # no signature to check (a builtin)
 
 
 class _AgentPlan:
-    """What ``setup_from_config`` checks once; ``build`` makes the nodes of one call."""
+    """What ``setup_from_config`` checks once; ``build`` makes the nodes of one call.
+
+    Every problem is collected in ``problems`` (with the field of the YAML it is about), not
+    raised: ``config check`` reports them all at once.
+    """
 
     def __init__(
         self, agent: AgentConfig, llm_factory: LLMFactory, tool_loader: ToolLoader
@@ -554,69 +586,102 @@ class _AgentPlan:
         self.agent = agent
         self._llm_factory = llm_factory
         self.plans: list[_LLMPlan | _ClassPlan] = []
-        declared = agent.nodes or [LLMNodeConfig(kind="llm", name=_IMPLICIT_NODE)]
-        for node in declared:
-            if isinstance(node, LLMNodeConfig):
-                self.plans.append(self._llm_plan(node, tool_loader))
-            else:
-                self.plans.append(self._class_plan(node))
+        self.problems: list[_Problem] = []
+        declared: list[tuple[SubPath, LLMNodeConfig | PythonNodeConfig]] = [
+            (("nodes", index), node) for index, node in enumerate(agent.nodes)
+        ] or [(("llm",), LLMNodeConfig(kind="llm", name=_IMPLICIT_NODE))]
+        for where, node in declared:
+            try:
+                if isinstance(node, LLMNodeConfig):
+                    self.plans.append(self._llm_plan(node, where, tool_loader))
+                else:
+                    self.plans.append(self._class_plan(node, where))
+            except _Unbuildable as exc:
+                self.problems.append(exc.problem)
+        if self.problems:
+            return  # what speaks, and where a goto may go, is known once every node loads
         outputs = [p.config.name for p in self.plans if self._is_output(p)]
         if not outputs:
-            raise AgentLoadError(f"agent {agent.name!r}: no node speaks (no OutputAgentNode)")
+            self.problems.append(
+                _Problem(("nodes",), "no node speaks (no llm node, no OutputAgentNode class)")
+            )
+            return
         self.first = outputs[0]
         self._check_gotos(set(outputs))
+
+    def error(self) -> AgentLoadError | None:
+        """The problems as one error (None when there are none)."""
+        if not self.problems:
+            return None
+        return AgentLoadError("\n".join(self.describe(p) for p in self.problems))
+
+    def describe(self, problem: _Problem) -> str:
+        where = f"agent {self.agent.name!r}"
+        if len(problem.field) >= 2 and problem.field[0] == "nodes":
+            index = problem.field[1]
+            assert isinstance(index, int)
+            node = self.agent.nodes[index]
+            where += f", node {node.name!r}"
+            if isinstance(node, PythonNodeConfig):
+                where += f" ({node.ref})"
+        return f"{where}: {problem.message}"
 
     @staticmethod
     def _is_output(plan: _LLMPlan | _ClassPlan) -> bool:
         return isinstance(plan, _LLMPlan) or issubclass(plan.cls, OutputAgentNode)
 
-    def _llm_plan(self, node: LLMNodeConfig, tool_loader: ToolLoader) -> _LLMPlan:
+    def _llm_plan(self, node: LLMNodeConfig, where: SubPath, tool_loader: ToolLoader) -> _LLMPlan:
         llm = self.agent.llm
         registry = ToolRegistry()
-        for ref in node.tools or (llm.tools if llm is not None else []):
+        refs, tools_at = (node.tools, (*where, "tools")) if node.tools else (
+            llm.tools if llm is not None else [], ("llm", "tools"))  # fmt: skip
+        for index, ref in enumerate(refs):
             try:
                 function = tool_loader(ref)
-            except AgentLoadError:
-                raise
-            except Exception as exc:
-                raise AgentLoadError(f"tool {ref!r}: {exc}") from exc
-            try:
-                registry.register(function)
-            except ToolNotDecoratedError:
-                registry.register(function_tool(function))
+                try:
+                    registry.register(function)
+                except ToolNotDecoratedError:
+                    registry.register(function_tool(function))
+            except Exception as exc:  # user code: an import or a signature that fails
+                raise _Unbuildable((*tools_at, index), f"tool {ref!r}: {exc}") from exc
         prompt = node.prompt or (llm.prompt if llm is not None else None)
-        return _LLMPlan(node, prompt, registry)
+        return _LLMPlan(node, prompt, registry, where)
 
-    def _class_plan(self, node: PythonNodeConfig) -> _ClassPlan:
-        target = load_agent(node.ref)
-        where = f"agent {self.agent.name!r}, node {node.name!r} ({node.ref})"
+    def _class_plan(self, node: PythonNodeConfig, where: SubPath) -> _ClassPlan:
+        try:
+            target = load_agent(node.ref)
+        except AgentLoadError as exc:
+            raise _Unbuildable((*where, "ref"), str(exc)) from exc
         if not inspect.isclass(target):
-            raise AgentLoadError(
-                f"{where}: a setup function must be the agent's only node; "
-                "in a graph, ref a Node subclass"
+            raise _Unbuildable(
+                (*where, "ref"),
+                "a setup function must be the agent's only node; in a graph, ref a Node subclass",
             )
         if not issubclass(target, Node):
-            raise AgentLoadError(f"{where}: {target.__name__} is not a nodes.Node subclass")
-        _check_args(target, where, **node.args)
+            raise _Unbuildable((*where, "ref"), f"{target.__name__} is not a nodes.Node subclass")
+        _check_args(target, (*where, "args"), **node.args)
         property_ = inspect.getattr_static(target, "is_interruptible", None)
         if node.interruptible is not None and property_ is not Node.__dict__["is_interruptible"]:
-            raise AgentLoadError(
-                f"{where}: {target.__name__} defines is_interruptible itself, so the YAML cannot "
-                "set `interruptible`"
+            raise _Unbuildable(
+                (*where, "interruptible"),
+                f"{target.__name__} defines is_interruptible itself, so the YAML cannot set "
+                "`interruptible`",
             )
-        return _ClassPlan(node, target)
+        return _ClassPlan(node, target, where)
 
     def _check_gotos(self, outputs: set[str]) -> None:
-        rules: list[ScriptRule] = list(self.agent.script)
+        rules: list[tuple[SubPath, list[ScriptRule]]] = [(("script",), list(self.agent.script))]
         for plan in self.plans:
-            if isinstance(plan, _LLMPlan):
-                rules += plan.config.script
-        for rule in rules:
-            if rule.goto is not None and rule.goto not in outputs:
-                raise AgentLoadError(
-                    f"agent {self.agent.name!r}: goto {rule.goto!r} names a node that does not "
-                    f"speak; output nodes: {', '.join(sorted(outputs))}"
-                )
+            if isinstance(plan, _LLMPlan) and plan.where[0] == "nodes":
+                rules.append(((*plan.where, "script"), list(plan.config.script)))
+        for at, script in rules:
+            for index, rule in enumerate(script):
+                if rule.goto is not None and rule.goto not in outputs:
+                    self.problems.append(_Problem(
+                        (*at, index, "goto"),
+                        f"goto {rule.goto!r} names a node that does not speak; output nodes: "
+                        f"{', '.join(sorted(outputs))}",
+                    ))  # fmt: skip
 
     def build(self, session: AgentSession, llms: list[ChatLLM]) -> None:
         """Add the agent's nodes and edges to ``session``; the LLMs made go into ``llms``."""
@@ -634,7 +699,7 @@ class _AgentPlan:
         for plan in self.plans:
             name = plan.config.name
             if isinstance(plan, _LLMPlan):
-                llm = self._llm_factory(agent, plan.config)
+                llm = self._located(plan, self._llm_factory, agent, plan.config)
                 llms.append(llm)
                 configured = ConfiguredLLMNode(
                     name,
@@ -649,7 +714,7 @@ class _AgentPlan:
                 router.register(configured, plan.config.greeting)
                 nodes[name] = configured
             else:
-                nodes[name] = self._make(plan, router)
+                nodes[name] = self._located(plan, self._make, plan, router)
         session.add_node(router)
         for node in nodes.values():
             session.add_node(node)
@@ -674,6 +739,31 @@ class _AgentPlan:
             _gate(node, router)
         return node
 
+    @staticmethod
+    def _located(plan: _LLMPlan | _ClassPlan, make: Callable[..., _T], *args: Any) -> _T:
+        """``make(*args)``; what it raises becomes a problem at ``plan``'s node."""
+        try:
+            return make(*args)
+        except _Unbuildable:
+            raise
+        except Exception as exc:  # user code or the LLM's settings: located, never a crash
+            field = plan.where
+            if isinstance(plan, _ClassPlan):
+                field = (*field, "args" if plan.config.args else "ref")
+            raise _Unbuildable(field, _raised(exc)) from exc
+
+    def trial_build(self) -> None:
+        """Build the graph of one call as ``setup`` does, without starting it: a node class
+        whose constructor fails, or an LLM that cannot be made, becomes a problem."""
+        try:
+            self.build(AgentSession(f"check-{self.agent.name}"), [])
+        except _Unbuildable as exc:
+            self.problems.append(exc.problem)
+
+
+def _raised(exc: BaseException) -> str:
+    return f"building it raised {type(exc).__name__}: {exc}"
+
 
 async def _aclose_all(llms: list[ChatLLM]) -> None:
     for llm in llms:
@@ -685,20 +775,42 @@ async def _aclose_all(llms: list[ChatLLM]) -> None:
                 logger.exception("closing the LLM client %r failed", llm)
 
 
-def _function_setup(agent: AgentConfig, node: PythonNodeConfig, target: SetupFn) -> SetupFn:
-    where = f"agent {agent.name!r}, node {node.name!r} ({node.ref})"
+def _function_plan(node: PythonNodeConfig, target: SetupFn) -> _Problem | None:
+    where: SubPath = ("nodes", 0)
     if node.interruptible is not None:
-        raise AgentLoadError(
-            f"{where}: `interruptible` applies to a Node class; a setup function sets it on "
-            "the nodes it makes"
+        return _Problem(
+            (*where, "interruptible"),
+            "`interruptible` applies to a Node class; a setup function sets it on the nodes it "
+            "makes",
         )
-    _check_args(target, where, None, **node.args)
+    try:
+        _check_args(target, (*where, "args"), None, **node.args)
+    except _Unbuildable as exc:
+        return exc.problem
+    return None
+
+
+def _function_setup(agent: AgentConfig, node: PythonNodeConfig, target: SetupFn) -> SetupFn:
+    problem = _function_plan(node, target)
+    if problem is not None:
+        raise AgentLoadError(f"agent {agent.name!r}, node {node.name!r} ({node.ref}): "
+                             f"{problem.message}")  # fmt: skip
     if agent.greeting:
-        logger.info("%s: the setup function is the agent; the agent's greeting is not used",
-                    where)  # fmt: skip
+        logger.info("agent %r, node %r (%s): the setup function is the agent; the agent's "
+                    "greeting is not used", agent.name, node.name, node.ref)  # fmt: skip
     if not node.args:
         return target
     return functools.partial(target, **node.args)
+
+
+def _setup_function_of(agent: AgentConfig) -> tuple[PythonNodeConfig, SetupFn] | None:
+    """The agent's setup function, when its only node refs one."""
+    if len(agent.nodes) == 1 and isinstance(agent.nodes[0], PythonNodeConfig):
+        only = agent.nodes[0]
+        target = load_agent(only.ref)
+        if not inspect.isclass(target):
+            return only, target
+    return None
 
 
 def setup_from_config(
@@ -721,14 +833,15 @@ def setup_from_config(
     Raises:
         AgentLoadError: a reference does not import or is of the wrong kind, a setup function
             alongside other nodes, ``args`` the class or function does not take, a ``goto`` to a
-            node that does not speak.
+            node that does not speak (every problem, one per line).
     """
-    if len(agent.nodes) == 1 and isinstance(agent.nodes[0], PythonNodeConfig):
-        only = agent.nodes[0]
-        target = load_agent(only.ref)
-        if not inspect.isclass(target):
-            return _function_setup(agent, only, target)
+    function = _setup_function_of(agent)
+    if function is not None:
+        return _function_setup(agent, *function)
     plan = _AgentPlan(agent, llm_factory or default_llm_factory, tool_loader or _load_tool)
+    error = plan.error()
+    if error is not None:
+        raise error
 
     async def setup(session: AgentSession) -> None:
         llms: list[ChatLLM] = []
@@ -741,6 +854,103 @@ def setup_from_config(
 
     setup.__qualname__ = setup.__name__ = f"setup_{agent.name}"
     return setup
+
+
+# -- checking a whole config -------------------------------------------------------------------
+
+
+class _UnusedLLM:
+    """Stands in for an ``openai`` node's client while a graph is only being checked: building
+    the real one needs nothing but the key (checked), and must not open a connection pool."""
+
+    async def chat(self, *args: Any, **kwargs: Any) -> AsyncIterable[ChatChunk]:
+        raise AssertionError("a config check never runs the graph")
+
+
+def _checking_llm_factory(agent: AgentConfig, node: LLMNodeConfig) -> ChatLLM:
+    llm = agent.llm
+    if llm is not None and llm.provider == "openai":
+        key = llm.api_key.get_secret_value() if llm.api_key is not None else None
+        if not (key or os.environ.get("OPENAI_API_KEY")):
+            raise _Unbuildable(
+                ("llm", "api_key"),
+                "provider 'openai' needs an API key: api_key: ${OPENAI_API_KEY}, with that "
+                "variable set (none is set in this environment)",
+            )
+        return _UnusedLLM()
+    return default_llm_factory(agent, node)
+
+
+_TTS_FIELDS = ("voice", "model", "speed", "base_url", "api_key")
+
+
+def _tts_problem(agent: AgentConfig, exc: Exception) -> _Problem:
+    """The TTS field a synthesizer's refusal is about (the ``tts`` section when it says none)."""
+    text = str(exc).lower()
+    named = [f for f in _TTS_FIELDS if getattr(agent.tts, f) is not None and f.replace("_", " ")
+             in text.replace("_", " ")]  # fmt: skip
+    field: SubPath = ("tts", named[0]) if named else ("tts",)
+    return _Problem(field, f"{agent.tts.provider} text to speech: {exc}")
+
+
+def check_agents(
+    config: Config,
+    *,
+    synthesizer_factory: Callable[[AgentConfig], Synthesizer] | None = None,
+    llm_factory: LLMFactory | None = None,
+    tool_loader: ToolLoader | None = None,
+) -> list[ConfigProblem]:
+    """Why each agent of ``config`` cannot be built, as ``config.load_config(validate=)`` takes.
+
+    For each agent this does what a call does before it speaks, without any network call: it
+    loads its references (node classes, setup functions, tools), checks them against the YAML
+    (``args`` the class or function takes, ``interruptible`` only where it applies, a setup
+    function only as the single node, every ``goto`` to a node that speaks), builds one call's
+    graph (constructing each node class with its ``args``; an ``openai`` node's client is not
+    made, but its API key must be there) and builds its text to speech (an unknown voice fails
+    here, not in every call).
+
+    Args:
+        config: A config that matches the schema.
+        synthesizer_factory: ``agent -> Synthesizer`` (default: ``nodes.synthesizer_for``, what
+            the worker uses).
+        llm_factory: ``(agent, node) -> LLM`` for the ``kind: llm`` nodes (default: the
+            scripted model as the worker makes it; for ``openai``, the key is checked only).
+        tool_loader: ``"module:function" -> function`` (default: import it).
+
+    Returns:
+        Every problem, with the path of the field it is about; empty when every agent builds.
+    """
+    if synthesizer_factory is None:
+        from ._runner import synthesizer_for
+
+        synthesizer_factory = synthesizer_for
+    problems: list[ConfigProblem] = []
+    for name, agent in config.agents.items():
+        found = _agent_problems(agent, llm_factory or _checking_llm_factory,
+                                tool_loader or _load_tool)  # fmt: skip
+        try:
+            synthesizer_factory(agent)
+        except Exception as exc:  # the worker would fail the same way in every call
+            found.append(_tts_problem(agent, exc))
+        problems += [ConfigProblem(("agents", name, *p.field), p.message) for p in found]
+    return problems
+
+
+def _agent_problems(
+    agent: AgentConfig, llm_factory: LLMFactory, tool_loader: ToolLoader
+) -> list[_Problem]:
+    try:
+        function = _setup_function_of(agent)
+    except AgentLoadError as exc:
+        return [_Problem(("nodes", 0, "ref"), str(exc))]
+    if function is not None:
+        problem = _function_plan(*function)
+        return [problem] if problem is not None else []
+    plan = _AgentPlan(agent, llm_factory, tool_loader)
+    if not plan.problems:
+        plan.trial_build()
+    return plan.problems
 
 
 # -- per call ----------------------------------------------------------------------------------

@@ -9,6 +9,14 @@ call alone; the next call gets the new greeting.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +28,7 @@ from gateway.audio import ulaw_to_float32
 from gateway.replay import replay
 from gateway.server import TranscriberCache, call_settings_from
 from gateway.timeline import Timeline
-from nodes import run_worker
+from nodes import Synthesizer, ToneSynthesizer, run_worker
 from tests import recordings_index as rec
 from vad import load_runtime, probabilities
 
@@ -43,18 +51,26 @@ def _config(tmp_path: Path, greeting: str | None = None) -> Path:
     return path
 
 
-async def _call(holder: ConfigHolder, timeline: Timeline) -> bytes:
-    """One replayed call against the configured agent; returns the bot audio Twilio played."""
+async def _call(
+    holder: ConfigHolder, timeline: Timeline, *, synthesizer: Synthesizer | None = None
+) -> bytes:
+    """One replayed call against the configured agent; returns the bot audio Twilio played.
+    ``synthesizer``: speak with it instead of the agent's TTS."""
     transcribers = TranscriberCache(holder)
-    await transcribers.warm_up()
-    cfg = holder.current
-    _, playout = await replay(
-        rec.source("barge_in_command_goforward"),
-        agent=lambda bus, stop: run_worker(holder, bus, stop=stop),
-        transcriber_for=lambda info: transcribers(info.agent),
-        settings=call_settings_from(cfg.agents[cfg.default_agent].barge_in),
-        timeline=timeline, speed=1.0, keep_audio=True,
-    )
+    try:
+        await transcribers.warm_up()
+        cfg = holder.current
+        speak_with = None if synthesizer is None else (lambda agent: synthesizer)
+        _, playout = await replay(
+            rec.source("barge_in_command_goforward"),
+            agent=lambda bus, stop: run_worker(holder, bus, stop=stop,
+                                               synthesizer_factory=speak_with),
+            transcriber_for=lambda info: transcribers(info.agent),
+            settings=call_settings_from(cfg.agents[cfg.default_agent].barge_in),
+            timeline=timeline, keep_audio=True,
+        )  # fmt: skip
+    finally:
+        transcribers.close()
     return bytes(playout.stats.played)
 
 
@@ -98,3 +114,97 @@ async def test_offline_agent_greets_hears_answers_and_is_interrupted(tmp_path: P
     await _call(holder, timeline2)
     first = next(e for e in timeline2.events if e["type"] == "bot_utterance_started")
     assert first["text"] == "Welcome back to Acme."
+
+
+# -- the same timeline however loaded the machine is (issue #13, item 9) -----------------------
+#
+# A replay with an agent used to run at 1x in wall time: on a busy machine the transcript and the
+# worker's answer came later in media time, or after the recording had ended. Now each frame waits
+# for the work it started. eSpeak NG's output depends on what it rendered before in the same
+# process (by a few samples: 17071, 17074, 17077 bytes for the same sentence three times), so the
+# in-process comparison speaks with a deterministic test tone; the CLI one runs each replay in a
+# fresh process, with eSpeak NG.
+
+HOG = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass\n"
+
+
+def _normalized(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timeline with the worker's utterance ids (random) replaced by their order."""
+    ids: dict[str, str] = {}
+    out = []
+    for event in events:
+        uid = event.get("utterance_id")
+        if isinstance(uid, str) and uid.startswith("utt-"):
+            event = {**event, "utterance_id": ids.setdefault(uid, f"utt#{len(ids)}")}
+        out.append(event)
+    return out
+
+
+def _worth_comparing(events: list[dict[str, Any]]) -> None:
+    """The caller barges in on the greeting, is heard, and is answered."""
+    types = [e["type"] for e in events]
+    assert {"transcript", "barge_in", "bot_utterance_interrupted"} <= set(types), types
+    assert types.count("bot_utterance_started") >= 2, types
+
+
+@contextlib.contextmanager
+def _busy_cores() -> Iterator[None]:
+    """Every core busy in another process for as long as the block runs."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for proc in hogs:
+            proc.kill()
+            proc.wait()
+
+
+async def _loop_hog(stop: asyncio.Event) -> None:
+    """Holds this process's event loop 20 ms at a time, letting it run 2 ms in between (as a
+    stuck callback or long GC pauses would)."""
+    while not stop.is_set():
+        end = time.perf_counter() + 0.020
+        while time.perf_counter() < end:
+            pass
+        await asyncio.sleep(0.002)
+
+
+@pytest.mark.slow
+async def test_replay_gives_the_same_timeline_with_the_loop_and_every_core_busy(
+    tmp_path: Path,
+) -> None:
+    holder = ConfigHolder(_config(tmp_path))
+    tone = ToneSynthesizer(60)  # 6.3 s of greeting: the caller talks over it at 5.1 s
+    quiet = Timeline()
+    await _call(holder, quiet, synthesizer=tone)
+    _worth_comparing(quiet.events)
+    stop = asyncio.Event()
+    with _busy_cores():
+        hog = asyncio.create_task(_loop_hog(stop))
+        try:
+            busy = Timeline()
+            await _call(holder, busy, synthesizer=tone)
+        finally:
+            stop.set()
+            await hog
+    assert _normalized(busy.events) == _normalized(quiet.events)
+
+
+def _replay_cli(tmp_path: Path, config: Path, name: str) -> list[dict[str, Any]]:
+    out = tmp_path / f"{name}.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "gateway", "replay", str(rec.source("barge_in_command_goforward")),
+         "--config", str(config), "--events-out", str(out)],
+        cwd=ROOT, check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_callgate_replay_gives_the_same_events_with_every_core_busy(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    quiet = _replay_cli(tmp_path, config, "quiet")
+    _worth_comparing(quiet)
+    with _busy_cores():
+        busy = _replay_cli(tmp_path, config, "busy")
+    assert _normalized(busy) == _normalized(quiet)

@@ -415,7 +415,7 @@ def test_default_agent_unknown(tmp_path: Path) -> None:
     assert item.message == "unknown agent 'suport'; agents: support"
 
 
-def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+def test_yaml_syntax_error_names_file_line_and_field(tmp_path: Path) -> None:
     item = only_error(
         tmp_path,
         """\
@@ -426,7 +426,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
             llm: {provider: scripted}
         """,
     )
-    assert item.field == ""
+    assert item.field == "agents.support.greeting"  # where the unclosed quote opened
     assert item.message.startswith("invalid YAML: found unexpected end of stream")
 
 
