@@ -226,6 +226,20 @@ class TwilioConfig(_Model):
         return value
 
 
+class ConsoleConfig(_Model):
+    """The browser softphone at ``/console`` and the ops event streams under ``/ops`` (live
+    calls, each call's timeline). Both are behind ``auth_token`` when it is set."""
+
+    enabled: bool = False
+    """Serve ``/console`` and ``/ops``. Off unless a config turns it on (the shipped one does,
+    for a laptop). A gateway that validates Twilio signatures serves them only with an
+    ``auth_token``: without one it starts with them off and says so in its log."""
+    auth_token: OptSecret = None
+    """The ops token (``${VAR}`` only): ``Authorization: Bearer`` or ``?token=`` on every
+    console and ops request. Without it they are open, which only a gateway with
+    ``twilio.validate_signatures`` off (development) allows."""
+
+
 class BusConfig(_Model):
     """The event bus between gateways and workers."""
 
@@ -547,6 +561,7 @@ class Config(_Model):
     server: ServerConfig = ServerConfig()
     twilio: TwilioConfig = TwilioConfig()
     bus: BusConfig = BusConfig()
+    console: ConsoleConfig = ConsoleConfig()
     agents: dict[Name, AgentConfig] = Field(min_length=1)
     numbers: dict[E164, str] = {}
     """E.164 number called -> agent name."""

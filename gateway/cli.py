@@ -132,12 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--speed", type=float, default=1.0, help="with --realtime: pace at this many x")
     r.set_defaults(fn=_replay)
 
-    c = sub.add_parser("call", help="play a recording into a running gateway, as Twilio would")
+    c = sub.add_parser("call", help="play a recording into a running gateway, as Twilio would, "
+                                    "and print the conversation")
     c.add_argument("recording", type=Path)
     c.add_argument("--url", default="ws://127.0.0.1:8080/twilio/media")
     c.add_argument("--token", default=None, help="call token (from the TwiML's <Parameter>)")
     c.add_argument("--call-sid", default=None, help="CallSid to announce (the token's call)")
     c.add_argument("--fast", action="store_true", help="do not pace at 1x")
+    c.add_argument("--agent", default=None, help="the agent to call (default: the number's)")
+    c.add_argument("--to", default=None, help="the number called (E.164): its agent answers")
+    c.add_argument("--ops-token", default=None,
+                   help="the gateway's ops token (default: $CALLGATE_OPS_TOKEN)")
+    c.add_argument("--hold", type=float, default=10.0, metavar="S",
+                   help="after the recording, stay on the line up to S seconds while the bot "
+                        "answers (default 10; 0: hang up at once)")
+    c.add_argument("--json", action="store_true",
+                   help="print the call's raw events (one JSON object a line) instead")
     c.set_defaults(fn=_call)
 
     cfg = sub.add_parser("config", help="configuration tools")

@@ -41,7 +41,9 @@ from vad import BargeInSettings, EchoGateSettings, VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
+from .console import Console
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
+from .ops import OpsHub, OpsSettings, ops_routes
 from .overload import LagGuard
 from .security import SIGNATURE_HEADER, CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
@@ -82,6 +84,8 @@ class GatewaySettings:
     call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
     transcriber_for: Callable[[str], Any] | None = None
     """Agent name -> its speech to text (``speech.Transcriber``), or None for no transcripts."""
+    ops: OpsSettings = field(default_factory=OpsSettings)
+    """The console (``/console``) and ops streams (``/ops``): on or off, and their token."""
 
     def __post_init__(self) -> None:
         if self.validate_signatures and not self.auth_token:
@@ -123,6 +127,9 @@ class GatewayApp:
         self.draining = False
         self.overload = LagGuard(settings.overload_lag_ms)
         self.metrics = GatewayMetrics(self._metrics_state)
+        self.ops = OpsHub()
+        self.console = (Console(settings.ops, self.tokens, settings.agent_for_number)
+                        if settings.ops.enabled else None)
         if not settings.validate_signatures:
             log.warning(
                 "Twilio signature validation is OFF (validate_signatures: false): anyone who "
@@ -137,6 +144,8 @@ class GatewayApp:
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics_endpoint),
+            *(ops_routes(self.ops, self.settings.ops) if self.console is not None else []),
+            *(self.console.routes() if self.console is not None else []),
         ]
 
     def _metrics_state(self) -> dict[str, object]:
@@ -246,7 +255,9 @@ class GatewayApp:
 
     async def media_socket(self, request: web.Request) -> web.StreamResponse:
         _, media_url = _public_urls(self.settings, request)
-        if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None):
+        if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None) and not (
+            self.console is not None and self.console.admits(request)
+        ):
             log.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
         if len(self.calls) >= self.settings.max_calls + max(1, self.settings.max_calls // 10):
@@ -267,6 +278,7 @@ class GatewayApp:
 
         timeline = Timeline(keep=False)
         timeline.add_listener(self.metrics.observe_event)
+        self.ops.watch(timeline)
         session = CallSession(
             send=send, bus=self.bus, vad=self.vad, timeline=timeline,
             authorize=self._authorize,
@@ -445,7 +457,20 @@ def settings_from_config(holder: Any) -> GatewaySettings:
     def call_settings_for(agent: str) -> CallSettings:
         return call_settings_from(holder.current.agent(agent).barge_in)
 
+    console = cfg.console
+    ops_token = console.auth_token.get_secret_value() if console.auth_token else None
+    ops_on = console.enabled
+    if ops_on and ops_token is None and cfg.twilio.validate_signatures:
+        log.warning("console and ops streams OFF: console.enabled is set on a gateway that "
+                    "validates Twilio signatures, but no ops token (console.auth_token: "
+                    "${CALLGATE_OPS_TOKEN}) is configured; they are never served open here")
+        ops_on = False
+    ops = OpsSettings(enabled=ops_on, token=ops_token,
+                      agents=lambda: list(holder.current.agents),
+                      numbers=lambda: dict(holder.current.numbers))
+
     return GatewaySettings(
+        ops=ops,
         public_url=cfg.server.public_url,
         auth_token=token or None,
         validate_signatures=cfg.twilio.validate_signatures,
