@@ -1,0 +1,70 @@
+"""A real `callgate serve` on the shipped config (embedded bus and worker, offline speech, the
+console on), on a free loopback port, for the command-line and browser tests."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_LINE = "callgate gateway on http://"
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    base: str
+    """http://127.0.0.1:PORT"""
+    log: list[str]
+    """The gateway's log lines so far."""
+
+    @property
+    def media_url(self) -> str:
+        return self.base.replace("http://", "ws://") + "/twilio/media"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[Served]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    log: list[str] = []
+    ready: queue.Queue[bool] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            log.append(line.rstrip("\n"))
+            if READY_LINE in line:
+                ready.put(True)
+        ready.put(False)  # the process ended
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # Waits for the gateway's own "listening" line (it loads Silero and pocketsphinx first).
+        assert ready.get(timeout=120), "callgate serve exited:\n" + "\n".join(log)
+        yield Served(f"http://127.0.0.1:{port}", log)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+        assert proc.stderr is not None
+        proc.stderr.close()
