@@ -1,0 +1,152 @@
+"""The console in a real headless browser: Debian's chromium driven by selenium through
+chromium-driver, its microphone a fake device playing a dev recording.
+
+The page places a call to the shipped agent; the greeting plays in the page (marks echoed as
+the page plays it); the caller's recorded "go forward ten meters" barges in: the gateway
+clears the greeting, the timeline shows the pause and its latency; the transcript appears; the
+page hangs up and the call ends cleanly. A screenshot is saved and checked not to be blank.
+"""
+
+from __future__ import annotations
+
+import shutil
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from tests import recordings_index as rec
+from tests.console.conftest import ROOT, Served
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+RECORDING = "barge_in_command_goforward"
+SCREENSHOT = ROOT / "docs" / "console.png"
+"""Where the test leaves its screenshot (the README shows it)."""
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="needs Debian's chromium and chromium-driver (scripts/test installs them)",
+)
+
+
+def fake_microphone_wav(name: str, path: Path, rate: int = 48000) -> Path:
+    """The recording as the 16-bit PCM WAV chromium's fake capture device plays."""
+    x = ulaw_to_float32(read_wav_ulaw(rec.RECORDINGS / f"{name}.wav"))
+    t = np.arange(int(len(x) * rate / 8000)) * 8000 / rate
+    y = np.interp(t, np.arange(len(x)), x)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(y, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    wav = fake_microphone_wav(RECORDING, tmp_path / "mic.wav")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for flag in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'profile'}",
+                 "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                 f"--use-file-for-fake-audio-capture={wav}%noloop",
+                 "--autoplay-policy=no-user-gesture-required", "--window-size=1480,900"]:
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _events(driver: Any) -> list[dict[str, Any]]:
+    return list(driver.execute_script("return view.events"))
+
+
+def _not_blank(driver: Any, png: bytes) -> int:
+    """Distinct colours in the screenshot, decoded by the browser itself."""
+    import base64
+
+    return int(driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        const img = new Image();
+        img.onload = () => {
+          const c = document.createElement('canvas');
+          c.width = img.width; c.height = img.height;
+          const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+          const d = g.getImageData(0, 0, c.width, c.height).data;
+          const seen = new Set();
+          for (let i = 0; i < d.length; i += 4 * 7) seen.add((d[i] << 16) | (d[i+1] << 8) | d[i+2]);
+          done(seen.size);
+        };
+        img.src = 'data:image/png;base64,' + arguments[0];
+    """, base64.b64encode(png).decode()))
+
+
+@pytest.mark.slow
+def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
+                                               tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(served.base + "/console")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#agent option"))
+    browser.find_element(By.ID, "call").click()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "in call with support"))
+
+    # The greeting: its text, node and flag in the conversation.
+    greeting = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conversation li.bot"))
+    assert "bot [main, interruptible]" in greeting[0].text
+    assert "Thanks for calling Acme" in greeting[0].text
+    # The recorded caller talks over it: cleared at once, the pause and its latency shown.
+    paused = wait.until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#events tr[data-type="bot_utterance_paused"]'))
+    assert "ms after the caller started" in paused[0].text
+    assert wait.until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#events tr[data-type="barge_in"]'))
+    transcript = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conversation li.caller"))
+    assert "caller:" in transcript[0].text and len(transcript[0].text) > len("caller: ")
+    # The agent answers it.
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#conversation li.bot")) >= 2)
+
+    events = _events(browser)
+    by_type = {e.get("type"): e for e in events}
+    clear = next(e for e in events if e.get("type") == "clear_sent")
+    assert clear["reason"] == "barge_in" and 0 < clear["t_ms"] - clear["onset_ms"] < 1000
+    # The page echoed the greeting's marks as it played it: the gateway knows what was heard.
+    assert by_type["bot_utterance_paused"]["heard_ms"] > 1000
+    assert by_type["bot_utterance_paused"]["heard_text"].startswith("Thanks for calling")
+    onsets = [e for e in events if e.get("what") == "onset_to_clear"]
+    assert onsets and onsets[0]["ms"] == round(clear["t_ms"] - clear["onset_ms"], 1)
+    # ... and the page drew levels and probabilities from the ops stream.
+    samples_in = browser.execute_script("return view.samplesIn.length")
+    samples_out = browser.execute_script("return view.samplesOut.length")
+    assert samples_in > 100 and samples_out > 50
+
+    png = browser.get_screenshot_as_png()
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    SCREENSHOT.write_bytes(png)
+    shutil.copy(SCREENSHOT, tmp_path / "console.png")
+    assert _not_blank(browser, png) > 50
+
+    browser.find_element(By.ID, "hangup").click()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "status"),
+                                                "call ended: the caller hung up"))
+    ended = [e for e in _events(browser) if e.get("type") == "call_ended"]
+    assert [e["reason"] for e in ended] == ["stop"]
+    state = browser.execute_script(
+        "return [callgateCall.media.readyState, callgateCall.ctx.state]")
+    assert state == [3, "closed"]  # socket CLOSED, audio closed
