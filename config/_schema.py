@@ -419,6 +419,19 @@ class PythonNodeConfig(_Model):
 NodeConfig = Annotated[LLMNodeConfig | PythonNodeConfig, Field(discriminator="kind")]
 
 
+class RecordingConfig(_Model):
+    """Call recordings that replay (``gateway/recorder.py``). RECORDINGS HOLD CALLERS' VOICES
+    (and what they said and keyed in): turn them on only where callers have been told and
+    the law allows, keep them no longer than needed, and protect the folder."""
+
+    folder: str
+    """Where each call gets its folder (relative paths: from the gateway's working dir)."""
+    keep_calls: int = Field(100, ge=1)
+    """The newest this many recorded calls are kept; older ones are deleted."""
+    keep_days: float = Field(7.0, gt=0)
+    """Recorded calls older than this are deleted."""
+
+
 class AgentConfig(_Model):
     """One agent: what answers a call."""
 
@@ -438,6 +451,8 @@ class AgentConfig(_Model):
     """Rules of the ``scripted`` LLM provider, first match wins."""
     fallback: OptStr = None
     """Reply of the ``scripted`` provider when no rule matches."""
+    recording: RecordingConfig | None = None
+    """Record this agent's calls for replay (off when absent). They hold callers' voices."""
 
     def node(self, name: str) -> LLMNodeConfig | PythonNodeConfig | None:
         """The node called ``name``, or None."""

@@ -375,6 +375,7 @@ class CallSession:
         """One event from the session worker (utterance start / audio / end, hangup)."""
         if self.phase is CallPhase.ENDED:
             return
+        self.timeline.downlink(self.now_ms, event)  # the recorder's hook (gateway/recorder.py)
         kind = event.get("type")
         try:
             if kind == "utterance_start":

@@ -29,11 +29,35 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _replay_recorded(args: argparse.Namespace) -> int:
+    """``callgate replay FOLDER``: a call recorded by the gateway (gateway/recorder.py)."""
+    from .recorder import replay_folder
+    from .replay import ReplayError
+
+    try:
+        out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
+        try:
+            timeline = asyncio.run(replay_folder(args.recording, events_out=out))
+        finally:
+            if out is not None:
+                out.close()
+    except (ReplayError, OSError) as exc:
+        print(f"callgate replay: {exc}", file=sys.stderr)
+        return 2
+    counts: dict[str, int] = {}
+    for e in timeline.events:
+        counts[e["type"]] = counts.get(e["type"], 0) + 1
+    print(f"replayed {args.recording}: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return 0
+
+
 def _replay(args: argparse.Namespace) -> int:
     from config import ConfigError
 
     from .replay import ReplayError, load_bot_script, replay
 
+    if args.recording.is_dir() and args.bot_script is None:
+        return _replay_recorded(args)
     try:
         turns = load_bot_script(args.bot_script) if args.bot_script else None
         extra = {} if turns is not None else _agent_from_config(args)
@@ -122,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=_worker)
 
     r = sub.add_parser("replay", help="replay a recorded call through the gateway")
-    r.add_argument("recording", type=Path, help="NAME.twilio.jsonl or a WAV")
+    r.add_argument("recording", type=Path,
+                   help="NAME.twilio.jsonl, a WAV, or the folder of a recorded call")
     r.add_argument("--bot-script", type=Path,
                    help="labels whose bot_turns the bot speaks; without it the configured agent "
                         "runs (paced, since it answers in real time)")

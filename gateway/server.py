@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 import secrets
+from pathlib import Path
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from .console import Console
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
 from .ops import OpsHub, OpsSettings, ops_routes
 from .overload import LagGuard
+from .recorder import CallRecorder, RecordingSettings
 from .security import SIGNATURE_HEADER, CallTokens, InvalidToken, SignatureValidator
 from .timeline import Timeline
 
@@ -85,6 +87,8 @@ class GatewaySettings:
     transcriber_for: Callable[[str], Any] | None = None
     """Agent name -> its speech to text (``speech.Transcriber``), or None for no transcripts."""
     ops: OpsSettings = field(default_factory=OpsSettings)
+    recording_for: Callable[[str], RecordingSettings | None] | None = None
+    """Agent name -> where its calls are recorded (``recording:``), None: not recorded."""
     """The console (``/console``) and ops streams (``/ops``): on or off, and their token."""
 
     def __post_init__(self) -> None:
@@ -279,6 +283,8 @@ class GatewayApp:
         timeline = Timeline(keep=False)
         timeline.add_listener(self.metrics.observe_event)
         self.ops.watch(timeline)
+        recorder = (CallRecorder(timeline, self.settings.recording_for)
+                    if self.settings.recording_for is not None else None)
         session = CallSession(
             send=send, bus=self.bus, vad=self.vad, timeline=timeline,
             authorize=self._authorize,
@@ -289,6 +295,8 @@ class GatewayApp:
         try:
             async for msg in ws:
                 if msg.type is WSMsgType.TEXT:
+                    if recorder is not None:
+                        recorder.inbound(msg.data)
                     received = time.perf_counter()
                     skipped = session.frames_skipped
                     try:
@@ -327,6 +335,8 @@ class GatewayApp:
                     break
         finally:
             await session.end("socket_closed")
+            if recorder is not None:
+                await recorder.finish(session.settings)
             if downlink is not None:
                 downlink.cancel()
                 await asyncio.gather(downlink, return_exceptions=True)
@@ -469,8 +479,15 @@ def settings_from_config(holder: Any) -> GatewaySettings:
                       agents=lambda: list(holder.current.agents),
                       numbers=lambda: dict(holder.current.numbers))
 
+    def recording_for(agent: str) -> RecordingSettings | None:
+        r = holder.current.agent(agent).recording
+        if r is None:
+            return None
+        return RecordingSettings(Path(r.folder), keep_calls=r.keep_calls, keep_days=r.keep_days)
+
     return GatewaySettings(
         ops=ops,
+        recording_for=recording_for,
         public_url=cfg.server.public_url,
         auth_token=token or None,
         validate_signatures=cfg.twilio.validate_signatures,

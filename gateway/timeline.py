@@ -46,6 +46,7 @@ class Timeline:
         self._keep = keep
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._samplers: list[Callable[[dict[str, Any]], None]] = []
+        self._downlink: list[Callable[[float, dict[str, Any]], None]] = []
 
     def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         self._listeners.append(fn)
@@ -54,6 +55,15 @@ class Timeline:
         """Also hear the per-window readings (:meth:`sample`): the ops stream's levels and
         probabilities. They are not events: never kept, never written to the sink."""
         self._samplers.append(fn)
+
+    def add_downlink_listener(self, fn: Callable[[float, dict[str, Any]], None]) -> None:
+        """Also hear each downlink event (from the worker) as the call handles it, with the
+        media time: the recorder keeps them to replay the bot exactly."""
+        self._downlink.append(fn)
+
+    def downlink(self, t_ms: float, event: dict[str, Any]) -> None:
+        for fn in self._downlink:
+            fn(t_ms, event)
 
     def remove_sampler(self, fn: Callable[[dict[str, Any]], None]) -> None:
         if fn in self._samplers:

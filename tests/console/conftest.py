@@ -1,5 +1,6 @@
 """A real `callgate serve` on the shipped config (embedded bus and worker, offline speech, the
-console on), on a free loopback port, for the command-line and browser tests."""
+console on), on a free loopback port, for the command-line and browser tests. Its one change:
+the agent records its calls (``recording:``) into a temporary folder."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class Served:
     """http://127.0.0.1:PORT"""
     log: list[str]
     """The gateway's log lines so far."""
+    recordings: Path
+    """Where the agent's calls are recorded."""
 
     @property
     def media_url(self) -> str:
@@ -37,12 +40,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def recording_config(tmp: Path) -> tuple[Path, Path]:
+    """The shipped config with the agent's calls recorded under ``tmp/recordings``."""
+    text = (ROOT / "config" / "agents.yaml").read_text()
+    anchor = "\n  support:\n"
+    assert text.count(anchor) == 1
+    folder = tmp / "recordings"
+    text = text.replace(anchor, anchor + f"    recording:\n      folder: {folder}\n"
+                                         "      keep_calls: 20\n")
+    path = tmp / "agents.yaml"
+    path.write_text(text)
+    return path, folder
+
+
 @pytest.fixture(scope="session")
-def served() -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = _free_port()
+    config, recordings = recording_config(tmp_path_factory.mktemp("served"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--config", str(config)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     log: list[str] = []
@@ -61,7 +79,7 @@ def served() -> Iterator[Served]:
     try:
         # Waits for the gateway's own "listening" line (it loads Silero and pocketsphinx first).
         assert ready.get(timeout=120), "callgate serve exited:\n" + "\n".join(log)
-        yield Served(f"http://127.0.0.1:{port}", log)
+        yield Served(f"http://127.0.0.1:{port}", log, recordings)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -5,10 +5,12 @@ The page places a call to the shipped agent; the greeting plays in the page (mar
 the page plays it); the caller's recorded "go forward ten meters" barges in: the gateway
 clears the greeting, the timeline shows the pause and its latency; the transcript appears; the
 page hangs up and the call ends cleanly. A screenshot is saved and checked not to be blank.
+The call was recorded by the gateway, and its folder replays to the same decisions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import wave
 from collections.abc import Iterator
@@ -19,8 +21,10 @@ import numpy as np
 import pytest
 
 from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from gateway.recorder import replay_folder
 from tests import recordings_index as rec
 from tests.console.conftest import Served
+from tests.console.test_recorder import decisions, read_events, recorded_folder
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -157,3 +161,11 @@ def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
     state = browser.execute_script(
         "return [callgateCall.media.readyState, callgateCall.ctx.state]")
     assert state == [3, "closed"]  # socket CLOSED, audio closed
+
+    # The agent records its calls: the console call replays to the same decisions.
+    call_sid = browser.execute_script("return callgateCall.placed.call_sid")
+    folder = recorded_folder(served, call_sid)
+    recorded = read_events(folder / f"{folder.name}.events.jsonl")
+    again = asyncio.run(replay_folder(folder))
+    assert decisions(again.events) == decisions(recorded)
+    assert any(e["type"] == "barge_in" for e in again.events)
