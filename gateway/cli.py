@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -29,19 +30,39 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _transcribers_from_config(args: argparse.Namespace) -> Any:
+    """The configured agents' speech to text, for a replay's transcripts (close it after)."""
+    from config import ConfigHolder
+
+    from .server import TranscriberCache
+
+    return TranscriberCache(ConfigHolder(args.config))
+
+
 def _replay_recorded(args: argparse.Namespace) -> int:
     """``callgate replay FOLDER``: a call recorded by the gateway (gateway/recorder.py)."""
+    from config import ConfigError
+
     from .recorder import replay_folder
     from .replay import ReplayError
+    from .report import ReportCollector, inbound_audio
 
+    report = ReportCollector()
     try:
+        transcribers = _transcribers_from_config(args)
         out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
         try:
-            timeline = asyncio.run(replay_folder(args.recording, events_out=out))
+            timeline = asyncio.run(replay_folder(
+                args.recording, timeline=report.timeline(sink=out),
+                transcriber_for=lambda info: transcribers(info.agent)))
         finally:
             if out is not None:
                 out.close()
-    except (ReplayError, OSError) as exc:
+            transcribers.close()
+        if args.html:
+            report.write(args.html, title=f"callgate replay {args.recording}",
+                         inbound=inbound_audio(args.recording))
+    except (ReplayError, ConfigError, OSError) as exc:
         print(f"callgate replay: {exc}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
@@ -55,22 +76,28 @@ def _replay(args: argparse.Namespace) -> int:
     from config import ConfigError
 
     from .replay import ReplayError, load_bot_script, replay
+    from .report import ReportCollector, inbound_audio
 
     if args.recording.is_dir() and args.bot_script is None:
         return _replay_recorded(args)
+    report = ReportCollector()
     try:
         turns = load_bot_script(args.bot_script) if args.bot_script else None
         extra = {} if turns is not None else _agent_from_config(args)
         out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
         try:
             timeline, playout = asyncio.run(
-                replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime,
-                       speed=args.speed, **extra)  # type: ignore[arg-type]
+                replay(args.recording, bot_script=turns, realtime=args.realtime,
+                       speed=args.speed, timeline=report.timeline(sink=out),
+                       **extra)  # type: ignore[arg-type]
             )
         finally:
             if out is not None:
                 out.close()
-    except (ReplayError, ConfigError) as exc:
+        if args.html:
+            report.write(args.html, title=f"callgate replay {args.recording}",
+                         inbound=inbound_audio(args.recording))
+    except (ReplayError, ConfigError, OSError) as exc:
         print(f"callgate replay: {exc}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
@@ -153,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs (paced, since it answers in real time)")
     r.add_argument("--config", type=Path, default=None, help="YAML config for the agent")
     r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
+    r.add_argument("--html", type=Path, default=None, metavar="REPORT.html",
+                   help="also write the call's timeline as one static page (waveforms, "
+                        "probability, decisions, transcripts)")
     r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")
     r.add_argument("--speed", type=float, default=1.0, help="with --realtime: pace at this many x")
     r.set_defaults(fn=_replay)

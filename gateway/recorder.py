@@ -286,9 +286,12 @@ def _recorded(folder: Path) -> tuple[str, Path]:
 
 
 async def replay_folder(folder: Path | str, *, events_out: IO[str] | None = None,
-                        vad: Any = None, timeline: Timeline | None = None) -> Timeline:
+                        vad: Any = None, timeline: Timeline | None = None,
+                        transcriber_for: Callable[[Any], Any] | None = None) -> Timeline:
     """Replay a recorded call: its inbound frames and the worker's events, interleaved as they
-    were, through a real :class:`CallSession` with the call's own settings."""
+    were, through a real :class:`CallSession` with the call's own settings.
+    ``transcriber_for``: speech to text for the caller's turns (inline, so the transcripts
+    land on the media clock; they do not change a decision)."""
     from bus import EmbeddedBus, EmbeddedHub
     from vad import VadEngine
 
@@ -316,7 +319,8 @@ async def replay_folder(folder: Path | str, *, events_out: IO[str] | None = None
     await bus.start()
     try:
         session = CallSession(send=discard, bus=bus, vad=engine, settings=settings,
-                              timeline=timeline)
+                              timeline=timeline, transcriber_for=transcriber_for,
+                              transcribe_inline=True)
         pending = iter(downlink)
         nxt = next(pending, None)
         for n, line in enumerate(inbound, 1):

@@ -4,6 +4,7 @@ the embedded bus, a minimal worker that streams its text with its audio as nodes
 from __future__ import annotations
 
 import asyncio
+import re
 import base64
 from collections.abc import AsyncIterator
 from typing import Any
@@ -167,3 +168,46 @@ async def test_samples_flow_only_while_the_call_is_watched(server: Any) -> None:
     loud = [s for s in inbound if s["level_db"] > -40]
     assert loud and all(s["noise_db"] < s["level_db"] for s in loud)
     assert {"idle", "speaking"} <= {s["state"] for s in inbound}
+
+
+def test_replay_html_report(tmp_path: Any) -> None:
+    """`callgate replay ... --html`: one static page with both waveforms, the probability,
+    the decisions and the events."""
+    import subprocess
+    import sys
+    from html.parser import HTMLParser
+
+    from tests.console.conftest import ROOT
+
+    page = tmp_path / "report.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "replay", str(rec.source("barge_in_timit")),
+         "--bot-script", str(rec.RECORDINGS / "barge_in_timit.json"), "--html", str(page)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    class Parts(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[tuple[str, dict[str, str | None]]] = []
+            self.text: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.tags.append((tag, dict(attrs)))
+
+        def handle_data(self, data: str) -> None:
+            self.text.append(data)
+
+    parts = Parts()
+    parts.feed(page.read_text())
+    tags = [t for t, _ in parts.tags]
+    assert tags.count("svg") == 1 and "script" not in tags  # static: no script, no network
+    waves = [a for t, a in parts.tags if t == "path"]
+    assert [a["fill"] for a in waves] == ["#1f8a4c", "#1b5fae"]  # caller, then bot
+    assert all(len(str(a["d"]).split("L")) > 1000 for a in waves)  # a point per column
+    probability = [a for t, a in parts.tags if t == "polyline"]
+    assert len(str(probability[0]["points"]).split()) == 7680 // 32  # one per window
+    text = " ".join(parts.text)
+    assert re.search(r"pause \d+ ms after onset", text) and "commit" in text
+    rows = [a.get("class") for t, a in parts.tags if t == "tr"]
+    assert {"clear_sent", "barge_in", "latency"} <= set(rows)

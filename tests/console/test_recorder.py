@@ -66,11 +66,14 @@ def test_a_call_recorded_by_the_gateway_replays_to_the_same_decisions(
     assert any(e["type"] == "barge_in" for e in recorded)
 
     out = tmp_path / "events.jsonl"
+    page = tmp_path / "report.html"
     again = subprocess.run([sys.executable, "-m", "gateway", "replay", str(folder),
-                            "--events-out", str(out)],
+                            "--events-out", str(out), "--html", str(page)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert decisions(read_events(out)) == decisions(recorded)
+    report = page.read_text()
+    assert report.count("<path ") == 2 and "go forward" in report  # waveforms, transcript
 
     # The labels skeleton: the bot's turns as sent, the caller as heard, ready for scoring.
     labels = json.loads((folder / f"{name}.json").read_text())
