@@ -87,11 +87,9 @@ class ConversationPrinter:
             if e["what"] == "stop_to_bot_audio":
                 to_text = self._turn.get("stop_to_transcript")
                 self._turn.clear()
-                return [f"{_ms(e['t_ms'])}  turn latency: end of caller speech -> transcript "
-                        f"{to_text:.0f} ms -> bot audio {float(e['ms']):.0f} ms"
-                        if to_text is not None else
-                        f"{_ms(e['t_ms'])}  turn latency: end of caller speech -> bot audio "
-                        f"{float(e['ms']):.0f} ms"]
+                text = f"transcript +{to_text:.0f} ms, " if to_text is not None else ""
+                return [f"{_ms(e['t_ms'])}  turn latency from the end of the caller's speech: "
+                        f"{text}first bot audio +{float(e['ms']):.0f} ms"]
             return []
         kind, t = e.get("type"), _ms(e.get("t_ms", 0))
         uid = str(e.get("utterance_id", ""))

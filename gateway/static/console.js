@@ -140,7 +140,7 @@ function onOpsEvent(e) {
   }
   if (e.kind === "latency") {
     detail = `${Math.round(e.ms)} ms`;
-    if (e.what === "stop_to_bot_audio") addLine("meta", "", `turn latency: end of speech to bot audio ${detail}`);
+    if (e.what === "stop_to_bot_audio") addLine("meta", "", `turn latency from the end of the caller's speech: first bot audio +${detail}`);
   }
   addEventRow(e, detail);
   draw();

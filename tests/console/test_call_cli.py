@@ -41,8 +41,8 @@ def test_call_prints_the_conversation(served: Served) -> None:
     # The agent answers (the shipped script's fallback), in full before the caller hangs up.
     answers = re.findall(r'bot \[main\](?:, interruptible\]:| finished:) "([^"]*)"', text)
     assert any(a.startswith("Sorry, I can help") and a.endswith("?") for a in answers), text
-    assert re.search(r"turn latency: end of caller speech -> transcript \d+ ms -> bot audio "
-                     r"\d+ ms", text), text
+    assert re.search(r"turn latency from the end of the caller's speech: transcript \+\d+ "
+                     r"ms, first bot audio \+\d+ ms", text), text
     assert "call ended: the caller hung up" in lines[-2]
     assert lines[-1].startswith("sent ") and "the gateway closed the call" not in lines[-1]
 
