@@ -23,10 +23,9 @@ Everything here is behind the ops token when one is configured (:func:`gateway.o
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
 from aiohttp import web
 
 from .ops import OpsSettings, authorized
@@ -44,7 +43,7 @@ class Console:
     """The console's routes on one gateway."""
 
     def __init__(self, settings: OpsSettings, tokens: CallTokens,
-                 agent_for_number: Any) -> None:
+                 agent_for_number: Callable[[str | None], str]) -> None:
         self.settings = settings
         self.tokens = tokens
         self._agent_for_number = agent_for_number

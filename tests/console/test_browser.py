@@ -153,6 +153,12 @@ def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
         Path(os.environ[SCREENSHOT_ENV]).write_bytes(png)
     assert _not_blank(browser, png) > 50
 
+    # The keypad: a DTMF digit, which stops the interruptible answer (dtmf_interrupts).
+    browser.find_element(By.CSS_SELECTOR, '#keypad button[data-digit="5"]').click()
+    assert wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#events tr[data-type="dtmf"]'))
+    digits = [e["digit"] for e in _events(browser) if e.get("type") == "dtmf"]
+    assert digits == ["5"]
+
     browser.find_element(By.ID, "hangup").click()
     wait.until(ec.text_to_be_present_in_element((By.ID, "status"),
                                                 "call ended: the caller hung up"))
