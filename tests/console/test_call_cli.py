@@ -63,3 +63,15 @@ def test_call_mistakes_are_one_clear_line(served: Served) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "callgate call: the gateway refused the call: unknown agent 'nobody'; agents: support"]
+
+
+def test_call_to_no_gateway_is_one_clear_line() -> None:
+    from tests.console.conftest import _free_port
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "call", str(rec.source(README_EXAMPLE)),
+         "--url", f"ws://127.0.0.1:{_free_port()}/twilio/media"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("callgate call: Cannot connect"), lines

@@ -211,3 +211,14 @@ def test_replay_html_report(tmp_path: Any) -> None:
     assert re.search(r"pause \d+ ms after onset", text) and "commit" in text
     rows = [a.get("class") for t, a in parts.tags if t == "tr"]
     assert {"clear_sent", "barge_in", "latency"} <= set(rows)
+
+
+async def test_without_the_console_nothing_is_served() -> None:
+    app = build_app(GatewaySettings(validate_signatures=False), bus=EmbeddedBus(),
+                    vad=VadEngine(runtime="onnx"))
+    async with TestServer(app) as srv, aiohttp.ClientSession() as http:
+        for path in ("/console", "/console/agents", "/ops/calls", "/console/static/console.js"):
+            async with http.get(srv.make_url(path)) as r:
+                assert r.status == 404, path
+        async with http.post(srv.make_url("/console/call")) as r:
+            assert r.status in (404, 405)
