@@ -14,8 +14,14 @@ Routes (behind the ops token when one is configured, see :class:`OpsSettings`):
   A call that has not started yet can be watched: its stream waits for it (how ``callgate
   call`` and the console see a call from its first event).
 
-Samples are built only while someone watches the call (:attr:`Timeline.sampling`). A watcher
-that cannot keep up is cut off (its queue is bounded); the call never waits for a watcher.
+Samples are built only while someone watches the call (:attr:`Timeline.sampling`): they cost
+the watched call ~0.45 ms of CPU per call-second on its media path (4 us per inbound window,
+13 us per outbound chunk with its level, measured with timeit on this 2-core machine class),
+against ~3 ms per call-second for the whole call logic (bench.call_cpu); an unwatched call pays
+one attribute test per window (bench.call_cpu, 25 and 100 calls, 3 interleaved runs each: call
+logic 1.60 / 1.69 ms per call-second before this module, 1.69 / 1.53 after, within the runs'
+spread). A watcher that cannot keep up is cut off (its queue is bounded); the call never waits
+for a watcher.
 """
 
 from __future__ import annotations

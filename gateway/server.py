@@ -282,7 +282,8 @@ class GatewayApp:
 
         timeline = Timeline(keep=False)
         timeline.add_listener(self.metrics.observe_event)
-        self.ops.watch(timeline)
+        if self.console is not None:
+            self.ops.watch(timeline)
         recorder = (CallRecorder(timeline, self.settings.recording_for)
                     if self.settings.recording_for is not None else None)
         session = CallSession(
