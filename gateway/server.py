@@ -529,6 +529,9 @@ def serve(args: argparse.Namespace) -> int:
         watcher = asyncio.create_task(holder.watch(2.0))
         if isinstance(settings.transcriber_for, TranscriberCache):
             await settings.transcriber_for.warm_up()
+        if settings.ops.enabled:
+            log.info("console: http://%s:%d/console%s", "localhost" if host == "0.0.0.0" else host,
+                     port, "?token=<ops token>" if settings.ops.token else "")
         stop = asyncio.Event()
         worker: asyncio.Task[None] | None = None
         if run_worker_here:

@@ -58,6 +58,10 @@ def test_call_json_prints_the_raw_events(served: Served) -> None:
     assert all("t_ms" in e for e in events)
 
 
+def test_serve_says_where_the_console_is(served: Served) -> None:
+    assert any(line.endswith(f"console: {served.base}/console") for line in served.log)
+
+
 def test_call_mistakes_are_one_clear_line(served: Served) -> None:
     done = _call(served, "--agent", "nobody", "--fast")
     assert done.returncode == 2
