@@ -27,6 +27,7 @@ for a watcher.
 from __future__ import annotations
 
 import asyncio
+import enum
 import hmac
 import logging
 import math
@@ -42,7 +43,8 @@ from aiohttp import WSMsgType, web
 from .audio import ulaw_to_float32
 from .timeline import Timeline
 
-__all__ = ["OpsHub", "OpsSettings", "TurnLatencies", "authorized", "ops_routes"]
+__all__ = ["CallFeed", "FeedState", "OpsHub", "OpsSettings", "TurnLatencies", "authorized",
+           "ops_routes"]
 
 log = logging.getLogger("callgate.ops")
 
@@ -137,6 +139,12 @@ def _sample_message(sample: dict[str, Any]) -> dict[str, Any]:
             "ms": len(sample["payload"]) / 8, "utterance_id": sample.get("utterance_id")}
 
 
+class FeedState(enum.Enum):
+    PENDING = "pending"  # watched before its call started (the SID is known, not the call)
+    LIVE = "live"  # the call is in progress
+    ENDED = "ended"  # call_ended seen; the feed is out of the hub
+
+
 @dataclass(slots=True)
 class CallFeed:
     """One call's stream: its history and the queues of those watching it."""
@@ -145,8 +153,7 @@ class CallFeed:
     agent: str = ""
     started_at: float = 0.0
     media_ms: float = 0.0
-    started: bool = False
-    ended: bool = False
+    state: FeedState = FeedState.PENDING
     created: float = field(default_factory=time.monotonic)
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     samples: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_SAMPLES))
@@ -156,7 +163,7 @@ class CallFeed:
 
     def summary(self) -> dict[str, Any]:
         return {"call_sid": self.call_sid, "agent": self.agent, "media_ms": self.media_ms,
-                "started_at": self.started_at, "ended": self.ended}
+                "started_at": self.started_at, "ended": self.state is FeedState.ENDED}
 
     def push(self, message: dict[str, Any] | None) -> None:
         for q in list(self.watchers):
@@ -192,7 +199,7 @@ class OpsHub:
                 if event["type"] != "call_started":
                     return
                 feed = self._feed(str(event["call_sid"]))
-                feed.started, feed.agent = True, str(event.get("agent", ""))
+                feed.state, feed.agent = FeedState.LIVE, str(event.get("agent", ""))
                 feed.started_at = time.time()
                 feed.timeline = timeline
                 if feed.watchers:
@@ -214,12 +221,12 @@ class OpsHub:
 
     def _feed(self, call_sid: str) -> CallFeed:
         feed = self.feeds.get(call_sid)
-        if feed is None or feed.ended:
+        if feed is None or feed.state is FeedState.ENDED:
             feed = self.feeds[call_sid] = CallFeed(call_sid)
         return feed
 
     def _finish(self, feed: CallFeed) -> None:
-        feed.ended = True
+        feed.state = FeedState.ENDED
         if feed.timeline is not None:
             feed.timeline.remove_sampler(feed.on_sample)
         feed.push({"kind": "end", "call_sid": feed.call_sid})
@@ -234,7 +241,7 @@ class OpsHub:
                 q.put_nowait(None)
 
     def live(self) -> list[dict[str, Any]]:
-        return [f.summary() for f in self.feeds.values() if f.started]
+        return [f.summary() for f in self.feeds.values() if f.state is FeedState.LIVE]
 
     def listing(self) -> dict[str, Any]:
         return {"calls": self.live(), "ended": list(self.ended)}
@@ -257,13 +264,13 @@ class OpsHub:
         if not feed.watchers:
             if feed.timeline is not None:
                 feed.timeline.remove_sampler(feed.on_sample)
-            if not feed.started and self.feeds.get(feed.call_sid) is feed:
+            if feed.state is FeedState.PENDING and self.feeds.get(feed.call_sid) is feed:
                 del self.feeds[feed.call_sid]
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
         for sid, feed in list(self.feeds.items()):
-            if not feed.started and now - feed.created > PENDING_TTL_S:
+            if feed.state is FeedState.PENDING and now - feed.created > PENDING_TTL_S:
                 for q in feed.watchers:
                     if not q.full():
                         q.put_nowait(None)

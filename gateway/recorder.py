@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import binascii
 import dataclasses
 import json
@@ -53,7 +54,8 @@ from .audio import write_wav_ulaw
 from .call import CallSettings
 from .timeline import Timeline
 
-__all__ = ["CallRecorder", "RecordingSettings", "load_call_settings", "prune", "replay_folder"]
+__all__ = ["CallRecorder", "RecorderState", "RecordingSettings", "load_call_settings", "prune",
+           "replay_folder"]
 
 log = logging.getLogger("callgate.recorder")
 
@@ -88,6 +90,12 @@ def _strip_token(line: str) -> str:
     return line
 
 
+class RecorderState(enum.Enum):
+    UNDECIDED = "undecided"  # before `start`: the agent (and whether it records) is unknown
+    RECORDING = "recording"  # the call's agent records: everything is kept
+    OFF = "off"  # it does not: nothing is kept
+
+
 class CallRecorder:
     """Records one media socket's call, if its agent records (decided at ``call_started``)."""
 
@@ -96,7 +104,7 @@ class CallRecorder:
         self._recording_for = recording_for
         self._timeline = timeline
         self.settings: RecordingSettings | None = None
-        self._active: bool | None = None  # None: not known before `start`
+        self.state = RecorderState.UNDECIDED
         self._inbound: list[str] = []
         self._downlink: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -104,28 +112,27 @@ class CallRecorder:
         timeline.add_listener(self._on_event)
         timeline.add_downlink_listener(self._on_downlink)
 
-    @property
-    def recording(self) -> bool:
-        return bool(self._active)
-
     def inbound(self, text: str) -> None:
         """A text frame from the socket, before the call handles it."""
-        if self._active is not False:
-            self._inbound.append(_strip_token(text) if self._active is None else text)
+        if self.state is RecorderState.RECORDING:
+            self._inbound.append(text)
+        elif self.state is RecorderState.UNDECIDED:
+            self._inbound.append(_strip_token(text))
 
     def _on_downlink(self, t_ms: float, event: dict[str, Any]) -> None:
-        if self._active:
+        if self.state is RecorderState.RECORDING:
             self._downlink.append({"after": len(self._inbound), "t_ms": t_ms, "event": event})
 
     def _on_event(self, event: dict[str, Any]) -> None:
-        if self._active is None and event["type"] == "call_started":
+        if self.state is RecorderState.UNDECIDED and event["type"] == "call_started":
             self.settings = self._recording_for(str(event.get("agent", "")))
-            self._active = self.settings is not None
-            if self._active:
+            if self.settings is not None:
+                self.state = RecorderState.RECORDING
                 self._timeline.add_sampler(self._on_sample)
             else:
+                self.state = RecorderState.OFF
                 self._inbound.clear()
-        if not self._active:
+        if self.state is not RecorderState.RECORDING:
             return
         self._events.append(event)
 
@@ -136,7 +143,7 @@ class CallRecorder:
 
     async def finish(self, call_settings: CallSettings) -> Path | None:
         """Write the call's folder (off the event loop) and apply retention; its path."""
-        if not self._active or self.settings is None:
+        if self.state is not RecorderState.RECORDING or self.settings is None:
             return None
         self._timeline.remove_sampler(self._on_sample)
         settings = self.settings

@@ -157,3 +157,20 @@ def test_retention_by_count_and_age(tmp_path: Path) -> None:
     gone = prune(RecordingSettings(root, keep_calls=3, keep_days=2))
     assert sorted(p.name for p in gone) == [names[0], names[1], names[3]]
     assert sorted(p.name for p in root.iterdir()) == [names[2], names[4], "notes"]
+
+
+async def test_an_agent_that_does_not_record_keeps_nothing(tmp_path: Path) -> None:
+    from gateway.call import CallSettings
+    from gateway.recorder import CallRecorder, RecorderState
+    from gateway.timeline import Timeline
+
+    timeline = Timeline()
+    recorder = CallRecorder(timeline, lambda agent: None if agent == "private" else
+                            RecordingSettings(tmp_path))
+    recorder.inbound('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+    assert recorder.state is RecorderState.UNDECIDED
+    timeline.emit(0, "call_started", call_sid="CA1", stream_sid="MZ1", agent="private")
+    assert recorder.state is RecorderState.OFF and not timeline.sampling
+    recorder.inbound('{"event":"stop"}')
+    assert await recorder.finish(CallSettings()) is None
+    assert list(tmp_path.iterdir()) == []
