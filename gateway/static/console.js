@@ -30,16 +30,19 @@ for (let i = 0; i < 256; i++) {
   MULAW_DECODE[i] = ((u & 0x80) ? 0x84 - t : t - 0x84) / 32768;
 }
 
+// G.711 as audioop (the gateway's codec) does it: to 16-bit, then 14-bit (an arithmetic shift,
+// so negative values floor), biased, segment and mantissa, all bits inverted.
+const MULAW_SEG_END = [0x3f, 0x7f, 0xff, 0x1ff, 0x3ff, 0x7ff, 0xfff, 0x1fff];
 function mulawEncode(samples) {
   const out = new Uint8Array(samples.length);
   for (let i = 0; i < samples.length; i++) {
-    let s = Math.max(-1, Math.min(1, samples[i])) * 32767;
-    const sign = s < 0 ? 0x80 : 0;
-    s = Math.min(Math.abs(s), 32635) + 0x84;
-    let exp = 7;
-    for (let m = 0x4000; (s & m) === 0 && exp > 0; m >>= 1) exp--;
-    const mant = (s >> (exp + 3)) & 0x0f;
-    out[i] = ~(sign | (exp << 4) | mant) & 0xff;
+    let pcm = Math.max(-32768, Math.min(32767, Math.round(samples[i] * 32768))) >> 2;
+    let mask = 0xff;
+    if (pcm < 0) { pcm = -pcm; mask = 0x7f; }
+    pcm = Math.min(pcm, 8159) + 33;
+    let seg = 0;
+    while (seg < 8 && pcm > MULAW_SEG_END[seg]) seg++;
+    out[i] = (seg >= 8 ? 0x7f : (seg << 4) | ((pcm >> (seg + 1)) & 0x0f)) ^ mask;
   }
   return out;
 }
@@ -291,7 +294,8 @@ async function placeCall() {
       if (m.data.type === "played") echo(m.data.name);
       else if (m.data.type === "cleared") m.data.names.forEach(echo);
     };
-    media.onclose = () => finish(call.ended ? null : "the gateway closed the call");
+    media.onclose = () => finish(call.hungUp ? "call ended: the caller hung up"
+                                              : "the gateway closed the call");
     await new Promise((ok, fail) => { media.onopen = ok; media.onerror = () => fail(new Error("media socket refused")); });
     send({ event: "connected", protocol: "Call", version: "1.0.0" });
     send({ event: "start", sequenceNumber: String(call.seq++), streamSid: placed.stream_sid,

@@ -27,7 +27,8 @@ class Capture extends AudioWorkletProcessor {
       sum += this.h[i];
     }
     for (let i = 0; i < taps; i++) this.h[i] /= sum;
-    this.hist = new Float32Array(taps * 2); // ring of recent input, doubled to avoid wraps
+    this.ring = taps + 2; // recent input: the taps of the newest two output positions
+    this.hist = new Float32Array(this.ring);
     this.pos = 0; // samples written
     this.next = 0; // input position (fractional) of the next output sample
     this.out = new Float32Array(FRAME);
@@ -39,16 +40,15 @@ class Capture extends AudioWorkletProcessor {
     for (let i = 0; i < taps; i++) {
       const idx = at - i;
       if (idx < 0) break;
-      acc += this.h[i] * this.hist[idx % taps];
+      acc += this.h[i] * this.hist[idx % this.ring];
     }
     return acc;
   }
   process(inputs) {
     const input = inputs[0] && inputs[0][0];
     if (!input) return true;
-    const taps = this.h.length;
     for (let k = 0; k < input.length; k++) {
-      this.hist[this.pos % taps] = input[k];
+      this.hist[this.pos % this.ring] = input[k];
       this.pos++;
       // Emit every output sample whose position (and the sample after it) is now in.
       while (this.next + 1 <= this.pos - 1) {

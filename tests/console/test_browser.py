@@ -105,6 +105,21 @@ def _not_blank(driver: Any, png: bytes) -> int:
     """, base64.b64encode(png).decode()))
 
 
+def test_the_pages_mu_law_is_g711(browser: Any, served: Served) -> None:
+    """The page's mu-law codec against the gateway's (gateway/audio.py)."""
+    from gateway.audio import float32_to_pcm16, pcm16_to_ulaw
+
+    browser.get(served.base + "/console")
+    ramp = np.linspace(-1, 1, 4001).astype(np.float32)
+    ramp = np.concatenate([ramp, ramp * 0.01])  # the quiet codes too
+    codes = browser.execute_script(
+        "return Array.from(mulawEncode(new Float32Array(arguments[0])))", ramp.tolist())
+    ours = np.frombuffer(pcm16_to_ulaw(float32_to_pcm16(ramp)), dtype=np.uint8)
+    assert np.array_equal(np.array(codes, dtype=np.uint8), ours)
+    table = browser.execute_script("return Array.from(MULAW_DECODE)")
+    assert np.allclose(table, ulaw_to_float32(bytes(range(256))), atol=1e-6)
+
+
 @pytest.mark.slow
 def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
                                                tmp_path: Path) -> None:
