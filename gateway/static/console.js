@@ -232,9 +232,8 @@ function setStatus(state, text) {
 
 async function placeCall() {
   $("call").disabled = true;
-  $("conversation").replaceChildren();
-  $("events").tBodies[0].replaceChildren();
-  Object.assign(view, { events: [], samplesIn: [], samplesOut: [], endMs: 10000 });
+  if (watching) { watching.close(); watching = null; }
+  resetView();
   try {
     const placed = await api("/console/call", {
       method: "POST",
@@ -248,9 +247,8 @@ async function placeCall() {
     const ops = new WebSocket(wsUrl(placed.events_path));
     call.ops = ops;
     ops.onmessage = (m) => {
+      onOpsMessage(m);
       const e = JSON.parse(m.data);
-      if (e.kind === "sample") onSample(e);
-      else if (e.kind === "event" || e.kind === "latency") onOpsEvent(e);
       if (e.type === "call_ended") finish(`call ended: ${ENDED_BY[e.reason] || e.reason}`);
     };
     await new Promise((ok, fail) => { ops.onopen = ok; ops.onerror = () => fail(new Error("ops stream refused")); });
@@ -354,13 +352,40 @@ function pressKey(digit) {
               dtmf: { track: "inbound_track", digit } });
 }
 
+function resetView() {
+  $("conversation").replaceChildren();
+  $("events").tBodies[0].replaceChildren();
+  Object.assign(view, { events: [], samplesIn: [], samplesOut: [], endMs: 10000 });
+  draw();
+}
+
+function onOpsMessage(m) {
+  const e = JSON.parse(m.data);
+  if (e.kind === "sample") onSample(e);
+  else if (e.kind === "event" || e.kind === "latency") onOpsEvent(e);
+}
+
+// Watch a call placed elsewhere (a phone, `callgate call`): its timeline, no audio.
+let watching = null;
+function watchCall(callSid) {
+  if (call && !call.ended) return; // the console's own call has the view
+  if (watching) watching.close();
+  resetView();
+  watching = new WebSocket(wsUrl(`/ops/calls/${callSid}/events`));
+  watching.onmessage = onOpsMessage;
+  setStatus("watching", `watching ${callSid}`);
+}
+
 function watchLiveCalls() {
   const ws = new WebSocket(wsUrl("/ops/live"));
   ws.onmessage = (m) => {
     const msg = JSON.parse(m.data);
     $("calls").replaceChildren(...msg.calls.map((c) => {
       const li = document.createElement("li");
-      li.textContent = `${c.call_sid} (${c.agent}) ${secs(c.media_ms)}`;
+      li.dataset.callSid = c.call_sid;
+      li.textContent = `${c.call_sid} (${c.agent})`;
+      li.title = "watch this call";
+      li.onclick = () => watchCall(c.call_sid);
       return li;
     }));
   };

@@ -190,3 +190,47 @@ def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
     again = asyncio.run(replay_folder(folder))
     assert decisions(again.events) == decisions(recorded)
     assert any(e["type"] == "barge_in" for e in again.events)
+
+
+@pytest.mark.slow
+def test_console_watches_a_call_placed_elsewhere(browser: Any, served: Served) -> None:
+    """The live-calls list: a `callgate call` in progress, clicked, shows its timeline."""
+    import subprocess
+    import sys
+
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.console.conftest import ROOT
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(served.base + "/console")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#agent option"))
+    caller = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "call", str(rec.source("barge_in_timit")),
+         "--url", served.media_url, "--hold", "0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def click_the_call(d: Any) -> bool:
+            try:  # the list is redrawn whenever a call starts or ends
+                d.find_element(By.CSS_SELECTOR, "#calls li").click()
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+            return True
+
+        wait.until(click_the_call)
+        assert wait.until(lambda d: d.find_elements(
+            By.CSS_SELECTOR, '#events tr[data-type="call_started"]'))
+        assert wait.until(lambda d: d.find_elements(
+            By.CSS_SELECTOR, '#events tr[data-type="call_ended"]'))
+        out, err = caller.communicate(timeout=60)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.communicate()
+    assert caller.returncode == 0, err
+    sid = browser.execute_script("return view.events[0].call_sid")
+    assert f"call {sid} started" in out
+    assert browser.execute_script("return view.samplesIn.length") > 0
+    assert browser.find_element(By.ID, "status").text == f"watching {sid}"
