@@ -86,6 +86,7 @@ function addEventRow(e, detail) {
 }
 
 const clearLatency = {};
+const botLines = {}; // utterance id -> its line: the text streams in with the audio
 const ENDED_BY = { stop: "the caller hung up", hangup: "the bot hung up",
                    socket_closed: "the connection closed" };
 
@@ -99,7 +100,7 @@ function onOpsEvent(e) {
     case "bot_utterance_started": {
       const flag = e.interruptible ? "interruptible" : "NOT interruptible";
       detail = `[${e.node}, ${flag}] ${e.text}`;
-      addLine("bot", `bot [${e.node}, ${flag}]`, e.text);
+      botLines[uid] = addLine("bot", `bot [${e.node}, ${flag}]`, e.text);
       break;
     }
     case "clear_sent":
@@ -144,6 +145,10 @@ function onOpsEvent(e) {
   if (e.kind === "latency") {
     detail = `${Math.round(e.ms)} ms`;
     if (e.what === "stop_to_bot_audio") addLine("meta", "", `turn latency from the end of the caller's speech: first bot audio +${detail}`);
+  }
+  const line = botLines[uid];
+  if (line && e.text && e.type !== "bot_utterance_started" && line.lastChild.textContent !== e.text) {
+    line.lastChild.textContent = e.text; // the whole text so far
   }
   addEventRow(e, detail);
   draw();

@@ -173,6 +173,9 @@ def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
     assert wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#events tr[data-type="dtmf"]'))
     digits = [e["digit"] for e in _events(browser) if e.get("type") == "dtmf"]
     assert digits == ["5"]
+    # The answer's line now shows its whole text (it streams in with the audio).
+    wait.until(lambda d: "Which would you like?" in
+               d.find_elements(By.CSS_SELECTOR, "#conversation li.bot")[1].text)
 
     browser.find_element(By.ID, "hangup").click()
     wait.until(ec.text_to_be_present_in_element((By.ID, "status"),
