@@ -27,10 +27,10 @@ import signal
 import sys
 import time
 import secrets
-from pathlib import Path
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -87,9 +87,9 @@ class GatewaySettings:
     transcriber_for: Callable[[str], Any] | None = None
     """Agent name -> its speech to text (``speech.Transcriber``), or None for no transcripts."""
     ops: OpsSettings = field(default_factory=OpsSettings)
+    """The console (``/console``) and ops streams (``/ops``): on or off, and their token."""
     recording_for: Callable[[str], RecordingSettings | None] | None = None
     """Agent name -> where its calls are recorded (``recording:``), None: not recorded."""
-    """The console (``/console``) and ops streams (``/ops``): on or off, and their token."""
 
     def __post_init__(self) -> None:
         if self.validate_signatures and not self.auth_token:
@@ -336,8 +336,6 @@ class GatewayApp:
                     break
         finally:
             await session.end("socket_closed")
-            if recorder is not None:
-                await recorder.finish(session.settings)
             if downlink is not None:
                 downlink.cancel()
                 await asyncio.gather(downlink, return_exceptions=True)
@@ -351,6 +349,8 @@ class GatewayApp:
                 })
             if not ws.closed:
                 await ws.close()
+            if recorder is not None:
+                await recorder.finish(session.settings)  # written off the event loop
         return ws
 
 
