@@ -328,9 +328,11 @@ def ops_routes(hub: OpsHub, settings: OpsSettings) -> list[web.RouteDef]:
         try:
             while not ws.closed:
                 getter = asyncio.create_task(q.get())
-                done, _ = await asyncio.wait({getter, closer},
+                # A call that does not start within PENDING_TTL_S is not coming.
+                wait_s = PENDING_TTL_S if feed.state is FeedState.PENDING else None
+                done, _ = await asyncio.wait({getter, closer}, timeout=wait_s,
                                              return_when=asyncio.FIRST_COMPLETED)
-                if closer in done:
+                if closer in done or not done:
                     getter.cancel()
                     break
                 message = getter.result()

@@ -222,3 +222,19 @@ async def test_without_the_console_nothing_is_served() -> None:
                 assert r.status == 404, path
         async with http.post(srv.make_url("/console/call")) as r:
             assert r.status in (404, 405)
+
+
+async def test_a_stream_for_a_call_that_never_starts_ends(
+        server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.ops
+
+    monkeypatch.setattr(gateway.ops, "PENDING_TTL_S", 0.2)
+    srv, gw = server
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(srv.make_url(f"/ops/calls/CA{'7' * 32}/events"),
+                                   headers=BEARER)
+        assert f"CA{'7' * 32}" in gw.ops.feeds  # waiting for the call
+        msg = await asyncio.wait_for(ws.receive(), 10)
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        await ws.close()
+    assert gw.ops.feeds == {}
