@@ -245,7 +245,8 @@ async function placeCall() {
       body: JSON.stringify({ agent: $("to").value ? undefined : $("agent").value,
                              to: $("to").value || undefined }),
     });
-    call = { placed, seq: 1, chunk: 0, ended: false };
+    call = { placed, seq: 1, chunk: 0, ended: false,
+             stats: { media: 0, marks: 0, clears: 0, echoedPlayed: 0, echoedOnClear: 0 } };
     window.callgateCall = call; // for tests and the curious
     setStatus("dialing", `calling ${placed.agent}...`);
     // The ops stream first, so the call is watched from its first event.
@@ -281,21 +282,27 @@ async function placeCall() {
     media.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       if (msg.event === "media") {
+        call.stats.media++;
         const bytes = b64decode(msg.media.payload);
         const samples = new Float32Array(bytes.length);
         for (let i = 0; i < bytes.length; i++) samples[i] = MULAW_DECODE[bytes[i]];
         player.port.postMessage({ type: "audio", samples }, [samples.buffer]);
       } else if (msg.event === "mark") {
+        call.stats.marks++;
         player.port.postMessage({ type: "mark", name: msg.mark.name });
       } else if (msg.event === "clear") {
+        call.stats.clears++;
         player.port.postMessage({ type: "clear" });
       }
     };
     const echo = (name) => send({ event: "mark", sequenceNumber: String(call.seq++),
                                   streamSid: placed.stream_sid, mark: { name } });
     player.port.onmessage = (m) => {
-      if (m.data.type === "played") echo(m.data.name);
-      else if (m.data.type === "cleared") m.data.names.forEach(echo);
+      if (m.data.type === "played") { call.stats.echoedPlayed++; echo(m.data.name); }
+      else if (m.data.type === "cleared") {
+        call.stats.echoedOnClear += m.data.names.length;
+        m.data.names.forEach(echo);
+      }
     };
     media.onclose = () => finish(call.hungUp ? "call ended: the caller hung up"
                                               : "the gateway closed the call");

@@ -157,6 +157,12 @@ def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
     assert by_type["bot_utterance_paused"]["heard_text"].startswith("Thanks for calling")
     onsets = [e for e in events if e.get("what") == "onset_to_clear"]
     assert onsets and onsets[0]["ms"] == round(clear["t_ms"] - clear["onset_ms"], 1)
+    # Twilio's rules, as the page keeps them: every mark echoed, those of audio the clear
+    # dropped at once (the gateway keeps up to 240 ms queued, so some were pending).
+    stats = browser.execute_script("return callgateCall.stats")
+    assert stats["media"] == stats["marks"] and stats["clears"] >= 1
+    assert stats["echoedOnClear"] > 0
+    assert stats["echoedPlayed"] + stats["echoedOnClear"] <= stats["marks"]
     # ... and the page drew levels and probabilities from the ops stream.
     samples_in = browser.execute_script("return view.samplesIn.length")
     samples_out = browser.execute_script("return view.samplesOut.length")
