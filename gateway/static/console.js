@@ -259,6 +259,10 @@ async function placeCall() {
     };
     await new Promise((ok, fail) => { ops.onopen = ok; ops.onerror = () => fail(new Error("ops stream refused")); });
 
+    if (!navigator.mediaDevices || !window.AudioWorkletNode) {
+      throw new Error("the browser gives the microphone only to secure pages: open the console " +
+                      "over https, or on localhost");
+    }
     const ctx = new AudioContext();
     call.ctx = ctx;
     await ctx.audioWorklet.addModule("/console/static/worklet.js");
