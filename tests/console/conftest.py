@@ -4,6 +4,7 @@ the agent records its calls (``recording:``) into a temporary folder."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -53,11 +54,14 @@ def recording_config(tmp: Path) -> tuple[Path, Path]:
     return path, folder
 
 
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+OPS_TOKEN = "ops-token-for-the-console-tests"
+
+
+@contextlib.contextmanager
+def _serve(config: Path, recordings: Path, extra_env: dict[str, str]) -> Iterator[Served]:
     port = _free_port()
-    config, recordings = recording_config(tmp_path_factory.mktemp("served"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    env.update(extra_env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--config", str(config)],
@@ -86,3 +90,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         reader.join(timeout=10)
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The shipped config as on a laptop: signatures not checked, the console open."""
+    config, recordings = recording_config(tmp_path_factory.mktemp("served"))
+    with _serve(config, recordings, {}) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def served_production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The shipped config as in production: Twilio signatures checked, the console behind the
+    ops token."""
+    config, recordings = recording_config(tmp_path_factory.mktemp("served_production"))
+    with _serve(config, recordings, {"CALLGATE_VALIDATE_SIGNATURES": "true",
+                                     "TWILIO_AUTH_TOKEN": "twilio-auth-token-0123456789",
+                                     "CALLGATE_OPS_TOKEN": OPS_TOKEN}) as s:
+        yield s

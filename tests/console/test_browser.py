@@ -243,3 +243,29 @@ def test_console_watches_a_call_placed_elsewhere(browser: Any, served: Served) -
     assert f"call {sid} started" in out
     assert browser.execute_script("return view.samplesIn.length") > 0
     assert browser.find_element(By.ID, "status").text == f"watching {sid}"
+
+
+@pytest.mark.slow
+def test_console_on_a_gateway_that_checks_signatures(browser: Any,
+                                                     served_production: Served) -> None:
+    """In production the page needs the ops token; with it, a console call goes through the
+    signature-checking media socket on its call's token."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.console.conftest import OPS_TOKEN
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(served_production.base + "/console")
+    assert "ops token required" in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(served_production.base + f"/console?token={OPS_TOKEN}")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#agent option"))
+    browser.find_element(By.ID, "call").click()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "in call with support"))
+    assert wait.until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#events tr[data-type="bot_utterance_paused"]'))
+    browser.find_element(By.ID, "hangup").click()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "status"),
+                                                "call ended: the caller hung up"))
+    assert not any("media socket rejected" in line for line in served_production.log)
