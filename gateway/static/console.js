@@ -163,6 +163,7 @@ function onSample(s) {
   }
 }
 
+const WINDOW_MS = 30000;
 const MARKS = {
   bot_utterance_paused: ["#e08a00", "pause"], barge_in: ["#b3261e", "commit"],
   bot_utterance_resumed: ["#1f8a4c", "resume"], interrupt_suppressed: ["#7b3fb3", "suppressed"],
@@ -173,13 +174,15 @@ function draw() {
   const c = $("timeline"), g = c.getContext("2d");
   const W = c.width, H = c.height, top = 20, band = (H - top - 20) / 2;
   g.clearRect(0, 0, W, H);
-  const x = (t) => 40 + (t / view.endMs) * (W - 50);
+  // The last 30 s of the call (all of it, for shorter calls).
+  const t0 = Math.max(0, view.endMs - WINDOW_MS);
+  const x = (t) => 40 + (Math.max(t, t0) - t0) / (view.endMs - t0) * (W - 50);
   const yLevel = (db, y0) => y0 + band - Math.max(0, Math.min(1, (db + 80) / 80)) * band;
   g.font = "11px sans-serif";
   g.fillStyle = "#67717c";
   g.fillText("caller", 2, top + 12);
   g.fillText("bot", 2, top + band + 12);
-  for (let t = 0; t < view.endMs; t += 1000) {
+  for (let t = Math.ceil(t0 / 1000) * 1000; t < view.endMs; t += 1000) {
     g.fillStyle = "#dde2e7";
     g.fillRect(x(t), top, 1, 2 * band);
     g.fillStyle = "#67717c";
@@ -197,7 +200,8 @@ function draw() {
     }
     if (e.type === "bot_utterance_resumed") open[e.utterance_id] = e.t_ms;
   }
-  for (const s of view.samplesIn) {
+  const recentIn = view.samplesIn.filter((s) => s.t_ms >= t0);
+  for (const s of recentIn) {
     if (s.passes) {
       g.fillStyle = "rgba(31,138,76,.12)";
       g.fillRect(x(s.t_ms - 32), top, x(s.t_ms) - x(s.t_ms - 32) + 0.5, band);
@@ -208,19 +212,20 @@ function draw() {
   }
   g.strokeStyle = "#000";
   g.beginPath();
-  view.samplesIn.forEach((s, i) => {
+  recentIn.forEach((s, i) => {
     const px = x(s.t_ms), py = top + band - s.prob * band;
     if (i) g.lineTo(px, py); else g.moveTo(px, py);
   });
   g.stroke();
   g.fillStyle = "#1b5fae";
   for (const s of view.samplesOut) {
+    if (s.t_ms < t0) continue;
     const y = yLevel(s.level_db, top + band);
     g.fillRect(x(s.t_ms), y, Math.max(1, x(s.t_ms + s.ms) - x(s.t_ms)), top + 2 * band - y);
   }
   for (const e of view.events) {
     const m = MARKS[e.type];
-    if (!m) continue;
+    if (!m || e.t_ms < t0) continue;
     g.fillStyle = m[0];
     g.fillRect(x(e.t_ms), top, 2, 2 * band);
     g.fillText(m[1], x(e.t_ms) + 3, top - 6);
