@@ -226,6 +226,20 @@ class TwilioConfig(_Model):
         return value
 
 
+class ConsoleConfig(_Model):
+    """The browser softphone at ``/console`` and the ops event streams under ``/ops`` (live
+    calls, each call's timeline). Both are behind ``auth_token`` when it is set."""
+
+    enabled: bool = False
+    """Serve ``/console`` and ``/ops``. Off unless a config turns it on (the shipped one does,
+    for a laptop). A gateway that validates Twilio signatures serves them only with an
+    ``auth_token``: without one it starts with them off and says so in its log."""
+    auth_token: OptSecret = None
+    """The ops token (``${VAR}`` only): ``Authorization: Bearer`` or ``?token=`` on every
+    console and ops request. Without it they are open, which only a gateway with
+    ``twilio.validate_signatures`` off (development) allows."""
+
+
 class BusConfig(_Model):
     """The event bus between gateways and workers."""
 
@@ -405,6 +419,19 @@ class PythonNodeConfig(_Model):
 NodeConfig = Annotated[LLMNodeConfig | PythonNodeConfig, Field(discriminator="kind")]
 
 
+class RecordingConfig(_Model):
+    """Call recordings that replay (``gateway/recorder.py``). RECORDINGS HOLD CALLERS' VOICES
+    (and what they said and keyed in): turn them on only where callers have been told and
+    the law allows, keep them no longer than needed, and protect the folder."""
+
+    folder: str
+    """Where each call gets its folder (relative paths: from the gateway's working dir)."""
+    keep_calls: int = Field(100, ge=1)
+    """The newest this many recorded calls are kept; older ones are deleted."""
+    keep_days: float = Field(7.0, gt=0)
+    """Recorded calls older than this are deleted."""
+
+
 class AgentConfig(_Model):
     """One agent: what answers a call."""
 
@@ -424,6 +451,8 @@ class AgentConfig(_Model):
     """Rules of the ``scripted`` LLM provider, first match wins."""
     fallback: OptStr = None
     """Reply of the ``scripted`` provider when no rule matches."""
+    recording: RecordingConfig | None = None
+    """Record this agent's calls for replay (off when absent). They hold callers' voices."""
 
     def node(self, name: str) -> LLMNodeConfig | PythonNodeConfig | None:
         """The node called ``name``, or None."""
@@ -547,6 +576,7 @@ class Config(_Model):
     server: ServerConfig = ServerConfig()
     twilio: TwilioConfig = TwilioConfig()
     bus: BusConfig = BusConfig()
+    console: ConsoleConfig = ConsoleConfig()
     agents: dict[Name, AgentConfig] = Field(min_length=1)
     numbers: dict[E164, str] = {}
     """E.164 number called -> agent name."""

@@ -246,6 +246,9 @@ class CallSession:
             assert r.gate is not None and r.features is not None
             for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state()):
                 await self._decide(d)
+            if self.timeline.sampling:  # the ops stream's readings (gateway/ops.py)
+                self.timeline.sample(r.end_sample / 8, "in", prob=r.prob, gate=r.gate,
+                                     state=self.policy.state.value)
         await self._pump()
 
     def _bot_state(self) -> BotState:
@@ -277,7 +280,8 @@ class CallSession:
             self._paused_utterance = u.id
             await self._clear(reason="barge_in", utterance_id=u.id,
                               onset_ms=self.policy.caller_onset_ms)
-            self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms)
+            self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,
+                      text=u.text, heard_text=u.heard_text())
             await self._apply(out)
         elif d is Decision.COMMIT:
             await self._interrupt(reason="speech")
@@ -374,6 +378,7 @@ class CallSession:
         """One event from the session worker (utterance start / audio / end, hangup)."""
         if self.phase is CallPhase.ENDED:
             return
+        self.timeline.downlink(self.now_ms, event)  # the recorder's hook (gateway/recorder.py)
         kind = event.get("type")
         try:
             if kind == "utterance_start":
@@ -385,7 +390,13 @@ class CallSession:
                 )
             elif kind == "audio":
                 audio = base64.b64decode(str(event["payload"]), validate=True)
-                self.playback.add_audio(str(event["utterance_id"]), audio)
+                if self.playback.add_audio(str(event["utterance_id"]), audio) and "text" in event:
+                    u = self.playback.get(str(event["utterance_id"]))
+                    assert u is not None
+                    start = int(event.get("text_start", len(u.text)))
+                    end = event.get("text_end")
+                    u.add_text(str(event["text"]), start, None if end is None else int(end),
+                               len(audio))
             elif kind == "utterance_end":
                 self.playback.end(str(event["utterance_id"]))
             elif kind == "hangup":
@@ -424,6 +435,9 @@ class CallSession:
         interrupt) comes from a decision that sends its own ``clear``, with its reason."""
         for ev in out.events:
             fields = {k: v for k, v in ev.items() if k != "type"}
+            u = self.playback.get(str(ev.get("utterance_id", "")))
+            if u is not None and ev["type"] != "bot_utterance_started":
+                fields.update(text=u.text, heard_text=u.heard_text())  # what was said, heard
             self.emit(ev["type"], **fields)
             if ev["type"] in ("bot_utterance_finished", "bot_utterance_interrupted",
                               "bot_utterance_resumed"):
@@ -435,6 +449,9 @@ class CallSession:
     async def _send_chunk(self, chunk: Chunk) -> None:
         await self._send(tp.media_message(self.stream_sid, chunk.payload))
         await self._send(tp.mark_message(self.stream_sid, chunk.mark))
+        if self.timeline.sampling:
+            self.timeline.sample(chunk.play_at_ms, "out", payload=chunk.payload,
+                                 utterance_id=chunk.utterance_id)
         if self._stream is not None:
             start = int(round(chunk.play_at_ms * TELEPHONY_RATE / 1000))
             self._stream.add_reference(start, ulaw_to_float32(chunk.payload))

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -35,12 +36,58 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _transcribers_from_config(args: argparse.Namespace) -> Any:
+    """The configured agents' speech to text, for a replay's transcripts (close it after)."""
+    from config import ConfigHolder
+
+    from .server import TranscriberCache
+
+    return TranscriberCache(ConfigHolder(args.config))
+
+
+def _replay_recorded(args: argparse.Namespace) -> int:
+    """``callgate replay FOLDER``: a call recorded by the gateway (gateway/recorder.py)."""
+    from config import ConfigError
+
+    from .recorder import replay_folder
+    from .replay import ReplayError
+    from .report import ReportCollector, inbound_audio
+
+    report = ReportCollector()
+    try:
+        transcribers = _transcribers_from_config(args)
+        out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
+        try:
+            timeline = asyncio.run(replay_folder(
+                args.recording, timeline=report.timeline(sink=out),
+                transcriber_for=lambda info: transcribers(info.agent)))
+        finally:
+            if out is not None:
+                out.close()
+            transcribers.close()
+        if args.html:
+            report.write(args.html, title=f"callgate replay {args.recording}",
+                         inbound=inbound_audio(args.recording))
+    except (ReplayError, ConfigError, OSError) as exc:
+        print(f"callgate replay: {exc}", file=sys.stderr)
+        return 2
+    counts: dict[str, int] = {}
+    for e in timeline.events:
+        counts[e["type"]] = counts.get(e["type"], 0) + 1
+    print(f"replayed {args.recording}: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return 0
+
+
 def _replay(args: argparse.Namespace) -> int:
     from config import ConfigError
 
     from .audio import AudioError
     from .replay import ReplayError, load_bot_script, replay
+    from .report import ReportCollector, inbound_audio
 
+    if args.recording.is_dir() and args.bot_script is None:
+        return _replay_recorded(args)
+    report = ReportCollector()
     try:
         out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
     except OSError as exc:
@@ -52,13 +99,17 @@ def _replay(args: argparse.Namespace) -> int:
         extra = {} if turns is not None else _agent_from_config(args)
         try:
             timeline, playout = asyncio.run(
-                replay(args.recording, bot_script=turns, events_out=out, realtime=args.realtime,
-                       speed=args.speed, **extra)  # type: ignore[arg-type]
+                replay(args.recording, bot_script=turns, realtime=args.realtime,
+                       speed=args.speed, timeline=report.timeline(sink=out),
+                       **extra)  # type: ignore[arg-type]
             )
         finally:
             if out is not None:
                 out.close()
-    except (ReplayError, ConfigError, AudioError) as exc:
+        if args.html:
+            report.write(args.html, title=f"callgate replay {args.recording}",
+                         inbound=inbound_audio(args.recording))
+    except (ReplayError, ConfigError, AudioError, OSError) as exc:
         if out is not None:
             out.close()
         print(f"callgate replay: {exc}", file=sys.stderr)
@@ -152,22 +203,36 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=_worker)
 
     r = sub.add_parser("replay", help="replay a recorded call through the gateway")
-    r.add_argument("recording", type=Path, help="NAME.twilio.jsonl or a WAV")
+    r.add_argument("recording", type=Path,
+                   help="NAME.twilio.jsonl, a WAV, or the folder of a recorded call")
     r.add_argument("--bot-script", type=Path,
                    help="labels whose bot_turns the bot speaks; without it the configured agent "
                         "runs (each frame waits for the agent's work)")
     r.add_argument("--config", type=Path, default=None, help="YAML config for the agent")
     r.add_argument("--events-out", type=Path, help="write the event timeline here (JSONL)")
+    r.add_argument("--html", type=Path, default=None, metavar="REPORT.html",
+                   help="also write the call's timeline as one static page (waveforms, "
+                        "probability, decisions, transcripts)")
     r.add_argument("--realtime", action="store_true", help="pace at 1x instead of max speed")
     r.add_argument("--speed", type=float, default=1.0, help="with --realtime: pace at this many x")
     r.set_defaults(fn=_replay)
 
-    c = sub.add_parser("call", help="play a recording into a running gateway, as Twilio would")
+    c = sub.add_parser("call", help="play a recording into a running gateway, as Twilio would, "
+                                    "and print the conversation")
     c.add_argument("recording", type=Path)
     c.add_argument("--url", default="ws://127.0.0.1:8080/twilio/media")
     c.add_argument("--token", default=None, help="call token (from the TwiML's <Parameter>)")
     c.add_argument("--call-sid", default=None, help="CallSid to announce (the token's call)")
     c.add_argument("--fast", action="store_true", help="do not pace at 1x")
+    c.add_argument("--agent", default=None, help="the agent to call (default: the number's)")
+    c.add_argument("--to", default=None, help="the number called (E.164): its agent answers")
+    c.add_argument("--ops-token", default=None,
+                   help="the gateway's ops token (default: $CALLGATE_OPS_TOKEN)")
+    c.add_argument("--hold", type=float, default=10.0, metavar="S",
+                   help="after the recording, stay on the line up to S seconds while the bot "
+                        "answers (default 10; 0: hang up at once)")
+    c.add_argument("--json", action="store_true",
+                   help="print the call's raw events (one JSON object a line) instead")
     c.set_defaults(fn=_call)
 
     cfg = sub.add_parser("config", help="configuration tools")

@@ -59,10 +59,45 @@ class Utterance:
     sent: int = 0  # bytes handed to Twilio (this playout)
     heard: int = 0  # bytes confirmed played by echoed marks
     state: UtteranceState = UtteranceState.QUEUED
+    spans: list[list[int]] = field(default_factory=list)
+    """[audio start, audio end (bytes), text start, text end] per text span, from the
+    downlink's ``audio`` events: which words which audio speaks."""
 
     @property
     def heard_ms(self) -> float:
         return self.heard / BYTES_PER_MS
+
+    def add_text(self, text: str, start: int, end: int | None, audio_bytes: int) -> None:
+        """The last ``audio_bytes`` of audio added speak ``text`` at ``[start, end)`` of the
+        utterance's text (the worker streams the text with the audio: ``utterance_start``
+        carries it only for a ``speak``, where it is known up front)."""
+        end = start + len(text) if end is None else end
+        if start <= len(self.text) and end >= start:
+            self.text = self.text[:start] + text[: end - start] + self.text[end:]
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last[2] == start and last[3] == end:
+            last[1] = len(self.audio)  # another piece of the same span
+        else:
+            self.spans.append([len(self.audio) - audio_bytes, len(self.audio), start, end])
+
+    def heard_text(self) -> str:
+        """What the caller heard of ``text``: spans played in full and, of the span playing,
+        its share of characters by audio played, cut back to a word boundary (as the worker
+        cuts its context, ``nodes._alignment``)."""
+        if not self.spans:
+            return self.text if self.audio and self.heard >= len(self.audio) else ""
+        cut = 0
+        for a0, a1, t0, t1 in self.spans:
+            if self.heard >= a1:
+                cut = t1
+                continue
+            if self.heard > a0:
+                part = t0 + int((t1 - t0) * (self.heard - a0) / max(1, a1 - a0))
+                if part < len(self.text) and not self.text[part].isspace():
+                    part = self.text.rfind(" ", t0, part + 1)
+                cut = max(cut, part)
+            break
+        return self.text[:cut].rstrip()
 
     def describe(self) -> dict[str, Any]:
         return {"utterance_id": self.id, "node": self.node, "interruptible": self.interruptible}

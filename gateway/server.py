@@ -39,6 +39,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,9 +51,12 @@ from vad import BargeInSettings, EchoGateSettings, VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
+from .console import Console
 from .logs import RateLimitedLog
 from .metrics import CONTENT_TYPE, GatewayMetrics, WorkerMetrics
+from .ops import OpsHub, OpsSettings, ops_routes
 from .overload import OverloadGuard
+from .recorder import CallRecorder, RecordingSettings
 from .security import (
     SIGNATURE_HEADER,
     CallTokens,
@@ -125,6 +129,10 @@ class GatewaySettings:
     call_settings_for: Callable[[str], CallSettings] = lambda _agent: CallSettings()
     transcriber_for: Callable[[str], Any] | None = None
     """Agent name -> its speech to text (``speech.Transcriber``), or None for no transcripts."""
+    ops: OpsSettings = field(default_factory=OpsSettings)
+    """The console (``/console``) and ops streams (``/ops``): on or off, and their token."""
+    recording_for: Callable[[str], RecordingSettings | None] | None = None
+    """Agent name -> where its calls are recorded (``recording:``), None: not recorded."""
 
     def __post_init__(self) -> None:
         check_security(self.validate_signatures, self.auth_token)
@@ -200,6 +208,9 @@ class GatewayApp:
         self.problems: dict[str, str] = {}
         """Part -> why it cannot work (e.g. ``worker``): readiness fails while any is here."""
         self.metrics = GatewayMetrics(self._metrics_state)
+        self.ops = OpsHub()
+        self.console = (Console(settings.ops, self.tokens, settings.agent_for_number)
+                        if settings.ops.enabled else None)
         if not settings.validate_signatures:
             log.warning(
                 "Twilio signature validation is OFF (validate_signatures: false): anyone who "
@@ -263,6 +274,8 @@ class GatewayApp:
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics_endpoint),
+            *(ops_routes(self.ops, self.settings.ops) if self.console is not None else []),
+            *(self.console.routes() if self.console is not None else []),
         ]
 
     def _metrics_state(self) -> dict[str, object]:
@@ -423,7 +436,9 @@ class GatewayApp:
         key = request.match_info.get("key")
         if key is not None:
             media_url = f"{media_url}/{key}"
-        if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None):
+        if not self._signature_ok(media_url, request.headers.get(SIGNATURE_HEADER), None) and not (
+            self.console is not None and self.console.admits(request)
+        ):
             self.metrics.refused("signature")
             _SOCKETS_REFUSED.warning("media socket rejected: bad or missing X-Twilio-Signature")
             raise web.HTTPForbidden(text="invalid Twilio signature")
@@ -482,6 +497,10 @@ class GatewayApp:
 
         timeline = Timeline(keep=False)
         timeline.add_listener(self.metrics.observe_event)
+        if self.console is not None:
+            self.ops.watch(timeline)
+        recorder = (CallRecorder(timeline, self.settings.recording_for)
+                    if self.settings.recording_for is not None else None)
         session = CallSession(
             send=send, bus=self.bus, vad=self.vad, timeline=timeline,
             authorize=lambda start: self._authorize(start, key),
@@ -510,6 +529,8 @@ class GatewayApp:
                 if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                     break
                 if msg.type is WSMsgType.TEXT:
+                    if recorder is not None:
+                        recorder.inbound(msg.data)
                     received = time.perf_counter()
                     skipped = session.frames_skipped
                     try:
@@ -558,11 +579,12 @@ class GatewayApp:
             # Shielded: a peer that drops the connection cancels this handler (aiohttp does
             # with handler_cancellation, as its TestServer runs), and a call left half-ended
             # would hold its place (and its live-stream slot) forever.
-            await asyncio.shield(self._end_stream(session, downlink, ws))
+            await asyncio.shield(self._end_stream(session, downlink, ws, recorder))
         return ws
 
     async def _end_stream(self, session: CallSession, downlink: asyncio.Task[None] | None,
-                          ws: web.WebSocketResponse) -> None:
+                          ws: web.WebSocketResponse,
+                          recorder: CallRecorder | None = None) -> None:
         try:
             await session.end("socket_closed")
         finally:
@@ -582,6 +604,8 @@ class GatewayApp:
                 })
             if not ws.closed:
                 await ws.close()
+            if recorder is not None:
+                await recorder.finish(session.settings)  # written off the event loop
 
 
 GATEWAY_KEY: web.AppKey[GatewayApp] = web.AppKey("gateway", GatewayApp)
@@ -704,7 +728,27 @@ def settings_from_config(holder: Any) -> GatewaySettings:
     def call_settings_for(agent: str) -> CallSettings:
         return call_settings_from(holder.current.agent(agent).barge_in)
 
+    console = cfg.console
+    ops_token = console.auth_token.get_secret_value() if console.auth_token else None
+    ops_on = console.enabled
+    if ops_on and ops_token is None and cfg.twilio.validate_signatures:
+        log.warning("console and ops streams OFF: console.enabled is set on a gateway that "
+                    "validates Twilio signatures, but no ops token (console.auth_token: "
+                    "${CALLGATE_OPS_TOKEN}) is configured; they are never served open here")
+        ops_on = False
+    ops = OpsSettings(enabled=ops_on, token=ops_token,
+                      agents=lambda: list(holder.current.agents),
+                      numbers=lambda: dict(holder.current.numbers))
+
+    def recording_for(agent: str) -> RecordingSettings | None:
+        r = holder.current.agent(agent).recording
+        if r is None:
+            return None
+        return RecordingSettings(Path(r.folder), keep_calls=r.keep_calls, keep_days=r.keep_days)
+
     return GatewaySettings(
+        ops=ops,
+        recording_for=recording_for,
         public_url=cfg.server.public_url,
         auth_token=token or None,
         validate_signatures=cfg.twilio.validate_signatures,
@@ -838,6 +882,9 @@ def serve(args: argparse.Namespace) -> int:
         unfollow = follow_reloads(holder, gateway)
         holder.install_sighup(loop)
         watcher = asyncio.create_task(holder.watch(2.0))
+        if settings.ops.enabled:
+            log.info("console: http://%s:%d/console%s", "localhost" if host == "0.0.0.0" else host,
+                     port, "?token=<ops token>" if settings.ops.token else "")
         stop = asyncio.Event()
         worker: asyncio.Task[None] | None = None
         try:

@@ -45,9 +45,43 @@ class Timeline:
         self._sink = sink
         self._keep = keep
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._samplers: list[Callable[[dict[str, Any]], None]] = []
+        self._downlink: list[Callable[[float, dict[str, Any]], None]] = []
 
     def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         self._listeners.append(fn)
+
+    def add_sampler(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        """Also hear the per-window readings (:meth:`sample`): the ops stream's levels and
+        probabilities. They are not events: never kept, never written to the sink."""
+        self._samplers.append(fn)
+
+    def add_downlink_listener(self, fn: Callable[[float, dict[str, Any]], None]) -> None:
+        """Also hear each downlink event (from the worker) as the call handles it, with the
+        media time: the recorder keeps them to replay the bot exactly."""
+        self._downlink.append(fn)
+
+    def downlink(self, t_ms: float, event: dict[str, Any]) -> None:
+        for fn in self._downlink:
+            fn(t_ms, event)
+
+    def remove_sampler(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        if fn in self._samplers:
+            self._samplers.remove(fn)
+
+    @property
+    def sampling(self) -> bool:
+        """Someone listens to samples; the call builds them only then (a dict per 32 ms
+        window per call is not free on the media path)."""
+        return bool(self._samplers)
+
+    def sample(self, t_ms: float, kind: str, **fields: Any) -> None:
+        """A reading at media time ``t_ms``: ``kind`` ``in`` (an inbound VAD window: Silero's
+        probability, the echo/noise gate's reading, the policy's state) or ``out`` (a chunk of
+        bot audio as sent, playing from ``t_ms``)."""
+        sample = {"t_ms": round(float(t_ms), 3), "kind": kind, **fields}
+        for fn in self._samplers:
+            fn(sample)
 
     def emit(self, t_ms: float, type_: str, **fields: Any) -> dict[str, Any]:
         if type_ not in EVENT_TYPES:
