@@ -352,9 +352,12 @@ async def play_call(
 
 
 def _bot_busy(events: list[dict[str, Any]]) -> bool:
-    """The bot is speaking, or owes an answer to the caller's last words."""
+    """The bot is speaking, owes an answer to the caller's last words, or the caller's last
+    turn has not been transcribed yet (on a busy machine that can take seconds; the hold must
+    wait for it, not for a fixed time)."""
     open_: set[str] = set()
     owes = False
+    transcribing = False
     for e in events:
         kind = e.get("type")
         if kind == "bot_utterance_started":
@@ -362,9 +365,13 @@ def _bot_busy(events: list[dict[str, Any]]) -> bool:
             owes = False
         elif kind in ("bot_utterance_finished", "bot_utterance_interrupted"):
             open_.discard(str(e["utterance_id"]))
-        elif kind == "transcript" and e.get("text") and not e.get("dropped"):
-            owes = True
-    return bool(open_) or owes
+        elif kind == "speech_stopped":
+            transcribing = not e.get("dropped") and not e.get("over_uninterruptible")
+        elif kind == "transcript" and e.get("final", True):
+            transcribing = False
+            if e.get("text") and not e.get("dropped"):
+                owes = True
+    return bool(open_) or owes or transcribing
 
 
 async def _run(args: argparse.Namespace) -> int:
