@@ -90,10 +90,13 @@ class BusMessage:
     redelivered: bool = False
 
 
-COUNTERS = ("outages", "reconnects", "calls_claimed", "orphans_claimed")
+COUNTERS = ("outages", "reconnects", "calls_claimed", "orphans_claimed", "calls_lost",
+            "calls_ended_gateway_lost")
 """Counters every bus keeps: ``outages`` (the server went away), ``reconnects`` (it came back),
-``calls_claimed`` (calls handed to this process's workers by ``claim_calls``) and
-``orphans_claimed`` (of those, calls taken over from a worker that stopped renewing its lease)."""
+``calls_claimed`` (calls handed to this process's workers by ``claim_calls``),
+``orphans_claimed`` (of those, calls taken over from a worker that stopped renewing its lease),
+``calls_lost`` (calls this process's workers lost to another worker: fenced out) and
+``calls_ended_gateway_lost`` (calls its workers ended because their gateway died)."""
 
 
 class Bus(abc.ABC):
