@@ -215,6 +215,13 @@ class Bus(abc.ABC):
     async def load_context(self, call_sid: str) -> dict[str, Any] | None:
         """The state saved by ``save_context``, or None."""
 
+    def holds(self, call_sid: str) -> bool:
+        """False once this bus knows its worker lost the call to another worker (fenced out).
+
+        The bus refuses a stale worker's writes itself; this is for effects outside the bus
+        (Twilio's REST API) that no fence covers. True for calls it never owned."""
+        return True
+
     # -- both sides -----------------------------------------------------------------------
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write made so far through this bus is stored on its server.

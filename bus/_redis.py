@@ -728,9 +728,7 @@ class RedisBus(Bus):
             del self._lost[next(iter(self._lost))]
 
     def holds(self, call_sid: str) -> bool:
-        """True while this bus's worker holds the call's lease as far as it knows (it has not
-        seen it lost). For effects outside the bus (Twilio's REST API) that no fence covers."""
-        return call_sid in self._owned
+        return call_sid in self._owned or call_sid not in self._lost
 
     async def _flush_until(self, timeout: float | None) -> bool:
         target = self._buf.last_seq

@@ -71,7 +71,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from bus import Bus, CallInfo, Event
+from bus import Bus, CallInfo, Event, OwnershipLostError
 
 from ._alignment import UtteranceAlignment
 from ._call_control import CallControl, TwilioCallControl
@@ -280,6 +280,14 @@ class SessionWorker:
                 await self._control(state, "end")
             await self._consume_uplink(state)
             ended_normally = True
+        except OwnershipLostError:
+            # This worker stalled past its lease (a long pause, SIGSTOP) and another took the
+            # call over: stop here without a trace on the call. The bus already refuses our
+            # writes; nothing is saved or acked, the new owner has the conversation.
+            logger.warning(
+                "call %s: lost to another worker while this one was not renewing its lease; "
+                "session stopped here, nothing more is sent, acked or saved", call.call_sid,
+            )
         finally:
             await self._finish(state, setup_task, pump_task, ended_normally)
 
@@ -613,6 +621,9 @@ class SessionWorker:
         await self._bus.send(state.sid, event)
 
     async def _control(self, state: _Call, action: str, to: str = "") -> None:
+        if not self._bus.holds(state.sid):
+            logger.warning("call %s: %s not done: another worker owns the call now", state.sid, action)
+            return
         if self._call_control is None:
             logger.info(
                 "call %s: no Twilio client; %s sent on the downlink only", state.sid, action
