@@ -27,9 +27,9 @@ class Processes:
         self.root = root
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = (self.root / f"{name}.log").open("wb")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = (self.root / f"{name}.log").open("ab")
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.Popen([str(CALLGATE), *args], cwd=REPO, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
