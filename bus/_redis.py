@@ -7,8 +7,10 @@ so one call lives in one Redis Cluster slot)::
     cg:{CA..}:down     downlink stream (worker -> gateway); read with XREAD from the last id seen
     cg:{CA..}:ctx      hash: ctx (JSON context), through (last uplink id it covers), info (CallInfo)
     cg:{CA..}:owner    owning worker id, PX lease renewed by its heartbeat; "!closed" once ended
+    cg:{CA..}:fence    the call's fencing token: a counter INCRed by every new owner
     cg:calls           pool-wide new-calls stream; consumer group "workers"
     cg:worker:<id>     worker liveness, PX worker_ttl, refreshed every heartbeat
+    cg:gateway:<inc>   gateway liveness (one per gateway process), PX gateway_ttl
     cg:wake:<bus>:...  tiny per-bus streams that wake this bus's blocking readers
 
 Streams are trimmed on every XADD (``MAXLEN ~ stream_maxlen``); a call's keys get ``EXPIRE
@@ -27,6 +29,30 @@ call's pending uplink messages to itself (XAUTOCLAIM on the call's group) and yi
 skipping those the saved context covers. Worst case from kill to takeover: worker_ttl +
 heartbeat + claim_interval (3 s with the defaults). An entry whose stream entry vanished
 (trimmed, or Redis lost its data) is re-announced by its owner's heartbeat.
+
+Fencing. Taking a call (a new claim or a takeover) INCRs its ``fence`` key; the worker keeps
+that token, and everything it does to the call afterwards is checked against the lease in the
+same Lua script that does it: claiming uplink messages (XREADGROUP), acks, downlink writes and
+context saves are refused once another worker owns the call or the token moved on, and the
+refusal drops the call here (``uplink()`` raises ``OwnershipLostError``, later writes are
+dropped locally). Readers never block in XREADGROUP: a server answers a blocking read while the
+reading process is frozen (SIGSTOP, a long pause), and the frozen worker would act on what it was
+given when it woke, after a takeover. They block in a plain XREAD from each stream's last
+delivered id and then claim, fenced. A takeover moves the call's pending uplink messages to the
+new owner (XAUTOCLAIM, fenced too), so nothing stays pending under a stale worker. The heartbeat
+renews leases before it touches the registry entries, so a worker that wakes from a freeze
+learns it lost its calls before it could take their entries back.
+
+Gateway liveness. A gateway bus (one that opened a call) keeps ``cg:gateway:<incarnation>``
+alive (PX ``gateway_ttl_s``, renewed every heartbeat interval; deleted by ``aclose``); each
+call records its gateway's incarnation (a random id per bus instance, so a restarted gateway is
+a new one). The owning worker's heartbeat checks the gateways of its calls; a gateway missing
+for ``gateway_grace_s`` on consecutive successful beats (so a Redis restart, which drops or
+expires the key until the gateway is back, ends nothing) is dead: the worker appends
+``call_ended {reason: gateway_lost}`` and the end markers to the call, tombstones it and sets
+its keys to expire in ``dead_call_ttl_s``. Its agent takes the usual ``call_ended`` path; the
+lease ends with the tombstone. Worst case from kill to ``call_ended``: gateway_ttl + grace +
+heartbeat (5.5 s with the defaults).
 
 Redis Cluster. The keys are laid out for it, but RedisBus talks to one Redis (standalone, or a
 Sentinel-managed primary): it batches across calls (a shard's XREADGROUP names many calls'
