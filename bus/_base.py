@@ -24,6 +24,11 @@ again, minus those the saved context already covers: ``save_context`` records ``
 id of the last uplink message the context reflects, and the next owner's ``uplink()`` acks and
 skips every message up to it. So a worker that handles a message, then saves its context, then
 acks it, handles each uplink event exactly once into its context, crash or not.
+
+A worker that stalls past its lease (frozen, not dead) and resumes after another worker took
+the call over is fenced: the bus refuses everything it does to the call from then on (claims,
+acks, downlink writes, context saves), ``uplink()`` raises ``OwnershipLostError``, and
+``holds()`` turns false, so the call is handled by one worker only.
 """
 
 from __future__ import annotations

@@ -215,19 +215,22 @@ return 1
 
 # The claim of new uplink messages: XREADGROUP only while we hold the lease, so a worker that
 # froze and came back cannot take one more message of a call it lost.
-# KEYS: owner, fence, up. ARGV: worker, token, count.
-# -> {0} refused | {1, entries, last-delivered-id of the group}
+# KEYS: owner, fence, up. ARGV: worker, token, count, position ('1': also the group's
+# last-delivered id, where a reader starts watching the stream).
+# -> {0} refused | {1, entries, last-delivered id or ''}
 _CLAIM_UP = _HOLDS + """
 if ARGV[2] ~= '' and not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return {0} end
 local reply = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', ARGV[3],
                          'STREAMS', KEYS[3], '>')
 local entries = {}
 if reply then entries = reply[1][2] end
-local last = '0-0'
-for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
-  local g = {}
-  for i = 1, #group, 2 do g[group[i]] = group[i + 1] end
-  if g['name'] == 'workers' then last = g['last-delivered-id'] end
+local last = ''
+if ARGV[4] == '1' then
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
+    local g = {}
+    for i = 1, #group, 2 do g[group[i]] = group[i + 1] end
+    if g['name'] == 'workers' then last = g['last-delivered-id'] end
+  end
 end
 return {1, entries, last}
 """
@@ -1496,6 +1499,8 @@ class _Shard:
         self.subs: dict[bytes, list[_Sub]] = {}
         self.task: asyncio.Task[None] | None = None
         self._pos: dict[bytes, str] = {}  # uplink mode: each stream's last delivered id
+        self._pos_arg: dict[bytes, bytes] = {}  # ... packed as a RESP bulk string
+        self._xread_head: tuple[tuple[bytes, ...], bytes] | None = None  # (streams, packed head)
 
     async def add(self, key: bytes, sub: _Sub) -> None:
         self.subs.setdefault(key, []).append(sub)
@@ -1512,6 +1517,7 @@ class _Shard:
         if subs is not None and not subs:
             del self.subs[key]
             self._pos.pop(key, None)
+            self._pos_arg.pop(key, None)
             return True
         return False
 
@@ -1537,6 +1543,7 @@ class _Shard:
                             # First run, or Redis lost its data: (re)create the groups we read.
                             await bus._create_groups(client, [k.decode() for k in keys])
                             self._pos.clear()
+                            self._pos_arg.clear()
                             need_groups = False
                         if resync:
                             await self._resync(client, consumer, keys)
@@ -1570,31 +1577,40 @@ class _Shard:
         A stream new to the shard is claimed from at once, which also tells its position."""
         fresh = [k for k in keys if k not in self._pos]
         arrived: dict[bytes, str] = {}  # the last id the XREAD saw, per stream
+        if client.connection is None:
+            await client.initialize()
+        conn = client.connection
+        assert conn is not None
         if not fresh:
-            streams: dict[Any, Any] = {self._wake_b: self._wake_last}
-            streams.update((k, self._pos[k]) for k in keys)
-            ready = await client.xread(streams, count=256, block=self.bus._block_ms)
-            for key, entries in ready or []:
+            await conn.send_packed_command(self._xread_command(keys))
+            raw = await conn.read_response() or ()
+            for key, entries in raw.items() if isinstance(raw, dict) else raw:  # RESP3 or RESP2
                 if key == self._wake_b:
                     if entries:
                         self._wake_last = _sid(entries[-1][0])
                 elif entries and key in self._pos:
                     arrived[key] = _sid(entries[-1][0])
-                    fresh.append(key)
-        if not fresh:
+        if not fresh and not arrived:
             return []
         bus = self.bus
         calls = []
-        for key in fresh:
+        for key in (*fresh, *arrived):
             sid = self.subs[key][0].call_sid if self.subs.get(key) else ""
             owned = bus._owned.get(sid)
             token = owned.token if owned is not None and owned.worker_id == consumer else ""
             calls.append((key, sid, token))
-        pipe = client.pipeline(transaction=False)
-        for key, sid, token in calls:
-            keys = [bus._key(sid, "owner"), bus._key(sid, "fence"), key]
-            pipe.evalsha(_CLAIM_UP_SHA, 3, *keys, consumer, token, 256)
-        results = await pipe.execute(raise_on_error=False)
+        commands = [
+            ("EVALSHA", _CLAIM_UP_SHA, 3, bus._key(sid, "owner"), bus._key(sid, "fence"), key,
+             consumer, token, 256, "0" if key in arrived else "1")
+            for key, sid, token in calls
+        ]  # fmt: skip
+        await conn.send_packed_command(conn.pack_commands(commands))
+        results: list[Any] = []
+        for _ in commands:  # read every reply, errors included, to keep the connection in step
+            try:
+                results.append(await conn.read_response())
+            except ResponseError as exc:
+                results.append(exc)
         if any(isinstance(r, NoScriptError) for r in results):
             await client.script_load(_CLAIM_UP)
             return []  # claimed nothing: the next round claims again, with the script loaded
@@ -1608,13 +1624,34 @@ class _Shard:
             if int(result[0]) == 0:
                 bus._fenced_out(sid, consumer, token, "claiming its uplink messages")
                 if key in arrived:  # not ours to read: look past them
-                    self._pos[key] = _max_id(self._pos[key], arrived[key])
+                    self._set_pos(key, _max_id(self._pos[key], arrived[key]))
                 continue
             entries = [(entry_id, _flat_fields(flat)) for entry_id, flat in result[1]]
-            self._pos[key] = _max_id(self._pos.get(key, "0-0"), _sid(result[2]))
+            at = _sid(result[2]) if result[2] else self._pos.get(key, "0-0")
             if entries:
+                at = _max_id(at, _sid(entries[-1][0]))
                 out.append((key, entries))
+            if key in arrived:
+                at = _max_id(at, arrived[key])
+            self._set_pos(key, at)
         return out
+
+    def _set_pos(self, key: bytes, position: str) -> None:
+        self._pos[key] = position
+        self._pos_arg[key] = _bulk(position.encode())
+
+    def _xread_command(self, keys: list[bytes]) -> bytes:
+        """``XREAD COUNT 256 BLOCK <ms> STREAMS <wake> <keys...> <ids...>``, packed. The keys
+        change only when calls come and go, so that part is packed once per change; the ids
+        are packed once per change of each: packing ~130 arguments through the client on every
+        event would be most of its work per event."""
+        names = (self._wake_b, *keys)
+        if self._xread_head is None or self._xread_head[0] != names:
+            fixed = (b"XREAD", b"COUNT", b"256", b"BLOCK", str(self.bus._block_ms).encode(), b"STREAMS")
+            head = b"*%d\r\n" % (len(fixed) + 2 * len(names)) + b"".join(_bulk(a) for a in (*fixed, *names))
+            self._xread_head = (names, head)
+        pos = self._pos_arg
+        return b"".join((self._xread_head[1], _bulk(self._wake_last.encode()), *(pos[k] for k in keys)))
 
     def _dispatch(self, reply: list[Any]) -> None:
         for key, entries in reply:
@@ -1652,6 +1689,11 @@ class _Shard:
                     progressed[key] = _sid(entries[-1][0])
             self._dispatch(reply or [])
             positions = {k: v for k, v in progressed.items() if k in self.subs}
+
+
+def _bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
 def _max_id(a: str, b: str) -> str:
