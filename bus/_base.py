@@ -28,7 +28,7 @@ acks it, handles each uplink event exactly once into its context, crash or not.
 A worker that stalls past its lease (frozen, not dead) and resumes after another worker took
 the call over is fenced: the bus refuses everything it does to the call from then on (claims,
 acks, downlink writes, context saves), ``uplink()`` raises ``OwnershipLostError``, and
-``holds()`` turns false, so the call is handled by one worker only.
+``holds()`` says false, so the call is handled by one worker only.
 """
 
 from __future__ import annotations
@@ -220,11 +220,12 @@ class Bus(abc.ABC):
     async def load_context(self, call_sid: str) -> dict[str, Any] | None:
         """The state saved by ``save_context``, or None."""
 
-    def holds(self, call_sid: str) -> bool:
-        """False once this bus knows its worker lost the call to another worker (fenced out).
+    async def holds(self, call_sid: str) -> bool:
+        """Whether this bus's worker still holds the call, checked with the server now: False
+        once another worker took it over (fenced out). True for calls it never owned.
 
         The bus refuses a stale worker's writes itself; this is for effects outside the bus
-        (Twilio's REST API) that no fence covers. True for calls it never owned."""
+        (Twilio's REST API, before ending or transferring a call) that no fence covers."""
         return True
 
     # -- both sides -----------------------------------------------------------------------

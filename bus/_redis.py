@@ -756,8 +756,18 @@ class RedisBus(Bus):
         if len(self._lost) > 100_000:
             del self._lost[next(iter(self._lost))]
 
-    def holds(self, call_sid: str) -> bool:
-        return call_sid in self._owned or call_sid not in self._lost
+    async def holds(self, call_sid: str) -> bool:
+        owned = self._owned.get(call_sid)
+        if owned is None:
+            return call_sid not in self._lost
+        try:
+            code, _, _ = await self._acquire(call_sid, owned.worker_id, orphan=False, held=owned.token)
+        except _CONNECTION_ERRORS as exc:
+            self._outage.lost(exc)
+            return True  # cannot tell: the fences still guard every write to the call
+        if code == 0:
+            self._fenced_out(call_sid, owned.worker_id, owned.token, "checking the lease")
+        return code != 0
 
     async def _flush_until(self, timeout: float | None) -> bool:
         target = self._buf.last_seq
@@ -820,6 +830,12 @@ class RedisBus(Bus):
             except _CONNECTION_ERRORS as exc:
                 failures += 1
                 self._outage.lost(exc)
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            except Exception:
+                # A dead loop would have every worker end this gateway's calls: log, go on.
+                failures += 1
+                log.exception("bus %s: renewing the gateway liveness key failed", self.bus_id)
                 await asyncio.sleep(self._backoff.compute(failures))
                 continue
             failures = 0

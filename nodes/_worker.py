@@ -621,7 +621,7 @@ class SessionWorker:
         await self._bus.send(state.sid, event)
 
     async def _control(self, state: _Call, action: str, to: str = "") -> None:
-        if not self._bus.holds(state.sid):
+        if not await self._bus.holds(state.sid):
             logger.warning("call %s: %s not done: another worker owns the call now", state.sid, action)
             return
         if self._call_control is None:

@@ -64,18 +64,19 @@ async def test_a_stalled_worker_s_writes_are_refused_after_a_takeover(redis_serv
             await eventually(lambda: _owner(raw, b"w2"), 10, "w2 taking the call over")
             assert int(await raw.get("cgf:{CA1}:fence")) == int(token1) + 1  # a new token
             await eventually(lambda: [m.event["n"] for m in got2] == [1], 10, "w2 handling the unacked event")
-            assert w1.holds("CA1") and not lost.is_set()  # w1 has not noticed yet
+            assert not lost.is_set()  # w1 has not noticed yet ...
             # w1 acts on its stale view: every write is refused by Redis, under its old token.
             await w1.send("CA1", {"type": "audio", "of": "stale"})
             await w1.save_context("CA1", {"by": "w1"}, through=got1[0].id)
             await w1.ack("CA1", got1[0].id)
             assert await w1.flush(5)
             await asyncio.wait_for(lost.wait(), 10)  # ... and tells it the call is lost
-            assert not w1.holds("CA1") and w1.stats()["calls_lost"] == 1
+            assert not await w1.holds("CA1") and w1.stats()["calls_lost"] == 1
             await w1.send("CA1", {"type": "audio", "of": "after"})  # dropped locally now
             assert await w1.flush(5)
             await gw.publish("CA1", {"type": "dtmf", "n": 2})
             await eventually(lambda: [m.event["n"] for m in got2] == [1, 2], 10, "w2 handling the next")
+            assert await w2.holds("CA1")
             assert [m.event["n"] for m in got1] == [1]
             assert [e["of"] for e in await _downlink(raw, "CA1")] == [1, 2]  # nothing from w1
             assert await raw.hget("cgf:{CA1}:ctx", "ctx") is None  # w1's save refused
@@ -128,3 +129,34 @@ async def test_a_dead_gateway_s_calls_are_ended_by_their_worker(redis_server: Re
 
 async def _owner(raw: Redis, worker: bytes) -> bool:
     return await raw.get("cgf:{CA1}:owner") == worker
+
+
+async def test_holds_asks_redis_before_an_effect_no_fence_covers(redis_server: RedisServer) -> None:
+    gw, w1, w2 = _bus(redis_server, "gw"), _bus(redis_server, "w1"), _bus(redis_server, "w2")
+    raw = Redis.from_url(redis_server.url)
+    taken: list[str] = []
+
+    async def claim(bus: RedisBus, wid: str) -> None:
+        async for call in bus.claim_calls(wid):
+            taken.append(f"{wid}:{call.call_sid}")
+
+    async with gw, w1, w2:
+        try:
+            await gw.open_call(CallInfo("CA1"))
+            t1 = asyncio.create_task(claim(w1, "w1"))
+            await eventually(lambda: taken == ["w1:CA1"], 10, "w1 claiming")
+            assert await w1.holds("CA1")
+            assert w1._heartbeat is not None
+            await _cancel(w1._heartbeat)  # w1 stalls ...
+            t1.cancel()
+            await asyncio.gather(t1, return_exceptions=True)
+            t2 = asyncio.create_task(claim(w2, "w2"))
+            await eventually(lambda: taken == ["w1:CA1", "w2:CA1"], 10, "w2 taking over")
+            # ... and before it hangs up through Twilio, it asks: the call is not its own now.
+            assert not await w1.holds("CA1")
+            assert await w2.holds("CA1")
+            assert await raw.get("cgf:{CA1}:owner") == b"w2"  # asking took nothing back
+            t2.cancel()
+            await asyncio.gather(t2, return_exceptions=True)
+        finally:
+            await raw.aclose()
