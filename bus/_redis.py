@@ -55,16 +55,18 @@ lease ends with the tombstone. Worst case from kill to ``call_ended``: gateway_t
 heartbeat (5.5 s with the defaults).
 
 Redis Cluster. The keys are laid out for it, but RedisBus talks to one Redis (standalone, or a
-Sentinel-managed primary): it batches across calls (a shard's XREADGROUP names many calls'
+Sentinel-managed primary): it batches across calls (a shard's XREAD names many calls'
 streams; one Lua script renews up to 256 leases), which a Cluster client would have to split
 by hash slot. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
 
 Reading many calls. Each bus runs one uplink reader per worker id and one downlink reader. A
 reader spreads its calls over shards of ``streams_per_read`` (64) streams; a shard is a task
-with its own connection blocking in one XREADGROUP (or XREAD) over all its streams, so a worker
-with 1,000 calls holds 16 reading connections, not 1,000, and an event costs one re-issued read
-of 64 streams, not of 1,000. A shard learns about a new call through its wake stream, which is
-part of the same blocking read.
+with its own connection blocking in one XREAD over all its streams, so a worker with 1,000
+calls holds 16 reading connections, not 1,000, and an event costs one re-issued read of 64
+streams, not of 1,000. An uplink shard then claims what arrived with one fenced XREADGROUP
+script per stream that has news, in the same round trip (see Fencing): one more round trip per
+event than a blocking XREADGROUP, the price of never being delivered a message while frozen. A
+shard learns about a new call through its wake stream, which is part of the same blocking read.
 
 Outages. Every write (publish, send, ack, save_context, open/close) is an op in one ordered,
 bounded buffer (``bus._retry``) drained by one writer task in pipelined batches; when Redis is

@@ -16,6 +16,10 @@ Uplink (gateway -> worker; every event has ``type`` and ``eid``):
 * ``dtmf`` {digit} -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
 * ``call_ended`` -> the session stops; ``interrupt_suppressed`` and ``playback`` are acked only.
 
+A call lost to another worker (this one stalled past its lease and the bus says
+``OwnershipLostError``) stops here: the session is stopped, logged, and nothing more is sent,
+acked or saved for it; Twilio REST effects are done only while ``bus.holds(call_sid)``.
+
 Each message is acked once handled; an ``eid`` seen before is acked and dropped. A final
 transcript is acked only once an output node has put the user message into its context and the
 conversation has been saved, so a worker dying in between leaves it to be redelivered.
