@@ -877,9 +877,7 @@ class RedisBus(Bus):
         await self._open()
         if call_sid in self._closed_calls:
             return
-        self._closed_calls[call_sid] = None
-        if len(self._closed_calls) > 100_000:
-            del self._closed_calls[next(iter(self._closed_calls))]
+        self._remember_closed(call_sid)
         up, down = self._key(call_sid, "up"), self._key(call_sid, "down")
         ttl = self._call_ttl
         self._enqueue(
@@ -893,6 +891,11 @@ class RedisBus(Bus):
                 ("EXPIRE", self._key(call_sid, "fence"), ttl),
             ])
         )  # fmt: skip
+
+    def _remember_closed(self, call_sid: str) -> None:
+        self._closed_calls[call_sid] = None
+        if len(self._closed_calls) > 100_000:
+            del self._closed_calls[next(iter(self._closed_calls))]
 
     async def downlink(self, call_sid: str) -> AsyncIterator[BusMessage]:
         check_name(call_sid, "call_sid")
@@ -1412,7 +1415,7 @@ class RedisBus(Bus):
             del self._gateway_missing[gateway]  # none of our calls depends on it any more
         dead = {g for g, since in self._gateway_missing.items() if now - since >= self._gateway_grace}
         for o in owned:
-            if o.gateway in dead and self._owned.get(o.call_sid) is o:
+            if o.gateway in dead and self._owned.get(o.call_sid) is o and o.call_sid not in self._closed_calls:
                 self._end_dead_call(o, now - self._gateway_missing[o.gateway])
 
     def _end_dead_call(self, owned: _Owned, missing_s: float) -> None:
@@ -1423,7 +1426,7 @@ class RedisBus(Bus):
         log.warning("bus %s: the gateway of call %s (liveness key %s) has been gone for %.1fs; "
                     "ending the call (call_ended, reason gateway_lost)",
                     self.bus_id, sid, owned.gateway, missing_s)  # fmt: skip
-        self._closed_calls[sid] = None
+        self._remember_closed(sid)
         event = json.dumps({"type": "call_ended", "reason": "gateway_lost", "eid": f"{sid}-gateway-lost"},
                            separators=(",", ":"))  # fmt: skip
         up, down, ttl = self._key(sid, "up"), self._key(sid, "down"), self._dead_call_ttl
