@@ -246,6 +246,14 @@ local reply = redis.call('XAUTOCLAIM', KEYS[3], 'workers', ARGV[1], 0, ARGV[3], 
 return {1, reply[1], reply[2], reply[3] or {}}
 """
 
+# An ended call: ack what is still pending under us (the end marker behind ``call_ended``,
+# claimed but never read once the worker stopped at call_ended). KEYS: up. ARGV: worker.
+_ACK_MINE = """
+local pending = redis.call('XPENDING', KEYS[1], 'workers', '-', '+', 1000, ARGV[1])
+for _, entry in ipairs(pending) do redis.call('XACK', KEYS[1], 'workers', entry[1]) end
+return #pending
+"""
+
 # KEYS: owner. ARGV: worker. Delete the lease only if it is still ours.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -1338,9 +1346,10 @@ class RedisBus(Bus):
                 self._drop_owned(o, _LOST)
             elif result == -1:
                 self._drop_owned(o, None)  # closed: its uplink ends at the end marker
+                commands: list[tuple[Any, ...]] = [("EVAL", _ACK_MINE, 1, self._key(o.call_sid, "up"), o.worker_id)]
                 if o.entries():
-                    self._enqueue(Op("end_claim", o.call_sid,
-                                     [("XACK", self._calls_key, GROUP, *o.entries())]))  # fmt: skip
+                    commands.append(("XACK", self._calls_key, GROUP, *o.entries()))
+                self._enqueue(Op("end_claim", o.call_sid, commands))
             else:
                 if result == 2:
                     lapsed.append(o.call_sid)

@@ -107,6 +107,7 @@ async def test_a_killed_gateway_s_call_is_ended_by_its_worker(
             ended = [(i, json.loads(f[b"e"])) for i, f in entries if b"e" in f]
             assert ended[-1][1]["type"] == "call_ended" and ended[-1][1]["reason"] == "gateway_lost"
             await eventually(lambda: _acked(raw, keys[0], ended[-1][0]), 10, "call_ended handled and acked")
+            await eventually(lambda: _no_pending(raw, keys[0]), 10, "the end marker acked too")
             await eventually(lambda: _equals(worker_calls, 0), 10, "the worker no longer holding it")
             ttls = [await raw.ttl(k) for k in keys]
             assert all(0 < t <= 10 for t in ttls), ttls  # not the 24 h of max_call_s
@@ -141,6 +142,10 @@ async def _equals(read, value: int) -> bool:  # type: ignore[no-untyped-def]
 async def _acked(raw: Redis, up: str, message_id: bytes) -> bool:
     pending = await raw.xpending_range(up, "workers", "-", "+", 100)
     return all(p["message_id"] != message_id for p in pending)
+
+
+async def _no_pending(raw: Redis, up: str) -> bool:
+    return int((await raw.xpending(up, "workers"))["pending"]) == 0
 
 
 async def _no_keys(raw: Redis, keys: list[str]) -> bool:
