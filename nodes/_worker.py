@@ -228,16 +228,28 @@ class SessionWorker:
     async def run(self) -> None:
         """Handle every call claimed from the bus, each in its own task, until the bus ends."""
         async for call in self._bus.claim_calls(self.worker_id):
-            if call.call_sid in self._tasks:
-                continue
+            # A call claimed again while its old session is still stopping (this worker lost
+            # it, then took it back as an orphan) starts once the old one is done; dropping the
+            # claim would leave the call owned here and handled by nobody.
+            previous = self._tasks.get(call.call_sid)
             task = asyncio.get_running_loop().create_task(
-                self.handle_call(call), name=f"call:{call.call_sid}"
+                self._handle_after(previous, call), name=f"call:{call.call_sid}"
             )
             self._tasks[call.call_sid] = task
             task.add_done_callback(lambda t, sid=call.call_sid: self._call_done(sid, t))
 
+    async def _handle_after(self, previous: asyncio.Task[None] | None, call: CallInfo) -> None:
+        if previous is not None:
+            try:
+                await asyncio.wait({previous})
+            except asyncio.CancelledError:
+                previous.cancel()
+                raise
+        await self.handle_call(call)
+
     def _call_done(self, sid: str, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(sid, None)
+        if self._tasks.get(sid) is task:
+            self._tasks.pop(sid)
         if not task.cancelled() and task.exception() is not None:
             logger.error("call %s failed", sid, exc_info=task.exception())
 
