@@ -24,6 +24,11 @@ again, minus those the saved context already covers: ``save_context`` records ``
 id of the last uplink message the context reflects, and the next owner's ``uplink()`` acks and
 skips every message up to it. So a worker that handles a message, then saves its context, then
 acks it, handles each uplink event exactly once into its context, crash or not.
+
+A worker that stalls past its lease (frozen, not dead) and resumes after another worker took
+the call over is fenced: the bus refuses everything it does to the call from then on (claims,
+acks, downlink writes, context saves), ``uplink()`` raises ``OwnershipLostError``, and
+``holds()`` says false, so the call is handled by one worker only.
 """
 
 from __future__ import annotations
@@ -90,10 +95,13 @@ class BusMessage:
     redelivered: bool = False
 
 
-COUNTERS = ("outages", "reconnects", "calls_claimed", "orphans_claimed")
+COUNTERS = ("outages", "reconnects", "calls_claimed", "orphans_claimed", "calls_lost",
+            "calls_ended_gateway_lost")
 """Counters every bus keeps: ``outages`` (the server went away), ``reconnects`` (it came back),
-``calls_claimed`` (calls handed to this process's workers by ``claim_calls``) and
-``orphans_claimed`` (of those, calls taken over from a worker that stopped renewing its lease)."""
+``calls_claimed`` (calls handed to this process's workers by ``claim_calls``),
+``orphans_claimed`` (of those, calls taken over from a worker that stopped renewing its lease),
+``calls_lost`` (calls this process's workers lost to another worker: fenced out) and
+``calls_ended_gateway_lost`` (calls its workers ended because their gateway died)."""
 
 
 class Bus(abc.ABC):
@@ -211,6 +219,14 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     async def load_context(self, call_sid: str) -> dict[str, Any] | None:
         """The state saved by ``save_context``, or None."""
+
+    async def holds(self, call_sid: str) -> bool:
+        """Whether this bus's worker still holds the call, checked with the server now: False
+        once another worker took it over (fenced out). True for calls it never owned.
+
+        The bus refuses a stale worker's writes itself; this is for effects outside the bus
+        (Twilio's REST API, before ending or transferring a call) that no fence covers."""
+        return True
 
     # -- both sides -----------------------------------------------------------------------
     async def flush(self, timeout: float | None = None) -> bool:

@@ -7,6 +7,10 @@ log, a context and an owner. Instances share an :class:`EmbeddedHub` (what a Red
 so a gateway and a worker that each build their own bus still meet. A bus that closes while it
 owns calls hands them back to the pool, as a dead Redis worker's lease would run out, and the
 next claimant gets their unacked uplink messages first.
+
+Leases, fencing tokens and gateway liveness (``RedisBus``) are not needed here: everything lives
+in one process, so a worker cannot be frozen apart from the hub, and a gateway cannot die apart
+from its workers. A closed bus refuses every write, which is what fencing gives a stale worker.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ so one call lives in one Redis Cluster slot)::
     cg:{CA..}:down     downlink stream (worker -> gateway); read with XREAD from the last id seen
     cg:{CA..}:ctx      hash: ctx (JSON context), through (last uplink id it covers), info (CallInfo)
     cg:{CA..}:owner    owning worker id, PX lease renewed by its heartbeat; "!closed" once ended
+    cg:{CA..}:fence    the call's fencing token: a counter INCRed by every new owner
     cg:calls           pool-wide new-calls stream; consumer group "workers"
     cg:worker:<id>     worker liveness, PX worker_ttl, refreshed every heartbeat
+    cg:gateway:<inc>   gateway liveness (one per gateway process), PX gateway_ttl
     cg:wake:<bus>:...  tiny per-bus streams that wake this bus's blocking readers
 
 Streams are trimmed on every XADD (``MAXLEN ~ stream_maxlen``); a call's keys get ``EXPIRE
@@ -28,17 +30,43 @@ skipping those the saved context covers. Worst case from kill to takeover: worke
 heartbeat + claim_interval (3 s with the defaults). An entry whose stream entry vanished
 (trimmed, or Redis lost its data) is re-announced by its owner's heartbeat.
 
+Fencing. Taking a call (a new claim or a takeover) INCRs its ``fence`` key; the worker keeps
+that token, and everything it does to the call afterwards is checked against the lease in the
+same Lua script that does it: claiming uplink messages (XREADGROUP), acks, downlink writes and
+context saves are refused once another worker owns the call or the token moved on, and the
+refusal drops the call here (``uplink()`` raises ``OwnershipLostError``, later writes are
+dropped locally). Readers never block in XREADGROUP: a server answers a blocking read while the
+reading process is frozen (SIGSTOP, a long pause), and the frozen worker would act on what it was
+given when it woke, after a takeover. They block in a plain XREAD from each stream's last
+delivered id and then claim, fenced. A takeover moves the call's pending uplink messages to the
+new owner (XAUTOCLAIM, fenced too), so nothing stays pending under a stale worker. The heartbeat
+renews leases before it touches the registry entries, so a worker that wakes from a freeze
+learns it lost its calls before it could take their entries back.
+
+Gateway liveness. A gateway bus (one that opened a call) keeps ``cg:gateway:<incarnation>``
+alive (PX ``gateway_ttl_s``, renewed every heartbeat interval; deleted by ``aclose``); each
+call records its gateway's incarnation (a random id per bus instance, so a restarted gateway is
+a new one). The owning worker's heartbeat checks the gateways of its calls; a gateway missing
+for ``gateway_grace_s`` on consecutive successful beats (so a Redis restart, which drops or
+expires the key until the gateway is back, ends nothing) is dead: the worker appends
+``call_ended {reason: gateway_lost}`` and the end markers to the call, tombstones it and sets
+its keys to expire in ``dead_call_ttl_s``. Its agent takes the usual ``call_ended`` path; the
+lease ends with the tombstone. Worst case from kill to ``call_ended``: gateway_ttl + grace +
+heartbeat (5.5 s with the defaults).
+
 Redis Cluster. The keys are laid out for it, but RedisBus talks to one Redis (standalone, or a
-Sentinel-managed primary): it batches across calls (a shard's XREADGROUP names many calls'
+Sentinel-managed primary): it batches across calls (a shard's XREAD names many calls'
 streams; one Lua script renews up to 256 leases), which a Cluster client would have to split
 by hash slot. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
 
 Reading many calls. Each bus runs one uplink reader per worker id and one downlink reader. A
 reader spreads its calls over shards of ``streams_per_read`` (64) streams; a shard is a task
-with its own connection blocking in one XREADGROUP (or XREAD) over all its streams, so a worker
-with 1,000 calls holds 16 reading connections, not 1,000, and an event costs one re-issued read
-of 64 streams, not of 1,000. A shard learns about a new call through its wake stream, which is
-part of the same blocking read.
+with its own connection blocking in one XREAD over all its streams, so a worker with 1,000
+calls holds 16 reading connections, not 1,000, and an event costs one re-issued read of 64
+streams, not of 1,000. An uplink shard then claims what arrived with one fenced XREADGROUP
+script per stream that has news, in the same round trip (see Fencing): one more round trip per
+event than a blocking XREADGROUP, the price of never being delivered a message while frozen. A
+shard learns about a new call through its wake stream, which is part of the same blocking read.
 
 Outages. Every write (publish, send, ack, save_context, open/close) is an op in one ordered,
 bounded buffer (``bus._retry``) drained by one writer task in pipelined batches; when Redis is
@@ -55,11 +83,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import json
 import logging
 import os
 import socket
 import time
+import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -95,49 +125,150 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
 )
 
-# KEYS: owner, up. ARGV: worker, lease_ms, tombstone, require_stream.
-# -> {1, me} already mine | {2, me} taken | {0, other} owned | {-1, ""} closed | {-2, ""} gone
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, cur}
+# Fencing. A call's lease is two keys: ``owner`` (the worker id, PX lease) and ``fence`` (a
+# counter INCRed by every new owner: the fencing token). A worker keeps the token it took the call
+# with, and every claim of uplink messages, every ack, downlink write and context save it makes for
+# the call is a script that first checks the lease: refused (0) when another worker owns the call
+# or the token moved on. A lapsed lease that nobody took (owner gone, token unchanged) still
+# counts as ours; so does a call whose keys are all gone (Redis lost its data: nobody can have
+# taken it since). The tombstone of an ended call passes the owner check (its last acks and the
+# final save land), not the token check.
+_HOLDS = """
+local function holds(owner, fence, worker, token)
+  local cur = redis.call('GET', owner)
+  if cur and cur ~= worker and cur ~= '!closed' then return false end
+  local f = redis.call('GET', fence)
+  if f and f ~= token then return false end
+  return true
 end
-if cur == ARGV[3] then return {-1, ''} end
-if cur then return {0, cur} end
-if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return {-2, ''} end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {2, ARGV[1]}
 """
 
-# KEYS: owner keys. ARGV: worker, lease_ms, tombstone.
-# -> per key: 1 renewed | 2 re-taken (it had lapsed) | 0 lost to another worker | -1 closed
+# KEYS: owner, up, fence. ARGV: worker, lease_ms, tombstone, require_stream, key_ttl_s, held.
+# ``held``: the token of a lease we believe we hold ("" to take the call anew).
+# -> {1, me, token} ours | {2, me, token} taken (token INCRed) | {0, other, ""} owned
+#    | {-1, "", ""} closed | {-2, "", ""} gone
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+local fence = redis.call('GET', KEYS[3])
+if cur == ARGV[3] then return {-1, '', ''} end
+if ARGV[6] ~= '' then
+  if (cur == ARGV[1] or not cur) and (fence == ARGV[6] or not fence) then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    if not fence then redis.call('SET', KEYS[3], ARGV[6], 'EX', ARGV[5]) end
+    return {1, ARGV[1], ARGV[6]}
+  end
+  return {0, cur or '', ''}
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, cur, fence or ''}
+end
+if cur then return {0, cur, ''} end
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return {-2, '', ''} end
+local token = redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[5], 'NX')
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {2, ARGV[1], tostring(token)}
+"""
+
+# KEYS: owner_1, fence_1, owner_2, fence_2, ... ARGV: worker, lease_ms, tombstone, key_ttl_s,
+# token_1, token_2, ...
+# -> per call: 1 renewed | 2 re-taken (it had lapsed, nobody took it) | 0 lost | -1 closed
 # One script renews a batch: on Redis Cluster the batch would have to be split by hash slot.
 _RENEW = """
 local out = {}
-for i, key in ipairs(KEYS) do
-  local cur = redis.call('GET', key)
-  if cur == ARGV[1] then
-    redis.call('PEXPIRE', key, ARGV[2])
-    out[i] = 1
-  elseif cur == ARGV[3] then
+for i = 1, #KEYS / 2 do
+  local owner, fence, token = KEYS[2 * i - 1], KEYS[2 * i], ARGV[4 + i]
+  local cur = redis.call('GET', owner)
+  local f = redis.call('GET', fence)
+  if cur == ARGV[3] then
     out[i] = -1
-  elseif not cur then
-    redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
-    out[i] = 2
-  else
+  elseif (f and f ~= token) or (cur and cur ~= ARGV[1]) then
     out[i] = 0
+  else
+    redis.call('SET', owner, ARGV[1], 'PX', ARGV[2])
+    if not f then redis.call('SET', fence, token, 'EX', ARGV[4]) end
+    if cur then out[i] = 1 else out[i] = 2 end
   end
 end
 return out
 """
 _RENEW_BATCH = 256
 
+# KEYS: owner, fence, target. ARGV: worker, token, op, op's arguments. -> 1 done | 0 refused
+#   xack <id>...                 XACK target workers <id>...
+#   xadd <maxlen> <field> <val>  XADD target MAXLEN ~ <maxlen> * <field> <val>
+#   hset <ttl_s> <f> <v>...      HSET target <f> <v>...; EXPIRE target <ttl_s> NX
+_FENCED = _HOLDS + """
+if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
+local op = ARGV[3]
+if op == 'xack' then
+  redis.call('XACK', KEYS[3], 'workers', unpack(ARGV, 4))
+elseif op == 'xadd' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', ARGV[5], ARGV[6])
+elseif op == 'hset' then
+  redis.call('HSET', KEYS[3], unpack(ARGV, 5))
+  redis.call('EXPIRE', KEYS[3], ARGV[4], 'NX')
+else
+  return redis.error_reply('ERR unknown fenced op ' .. op)
+end
+return 1
+"""
+
+# The claim of new uplink messages: XREADGROUP only while we hold the lease, so a worker that
+# froze and came back cannot take one more message of a call it lost.
+# KEYS: owner, fence, up. ARGV: worker, token, count, position ('1': also the group's
+# last-delivered id, where a reader starts watching the stream).
+# -> {0} refused | {1, entries, last-delivered id or ''}
+_CLAIM_UP = _HOLDS + """
+if ARGV[2] ~= '' and not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return {0} end
+local reply = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', ARGV[3],
+                         'STREAMS', KEYS[3], '>')
+local entries = {}
+if reply then entries = reply[1][2] end
+local last = ''
+if ARGV[4] == '1' then
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
+    local g = {}
+    for i = 1, #group, 2 do g[group[i]] = group[i + 1] end
+    if g['name'] == 'workers' then last = g['last-delivered-id'] end
+  end
+end
+return {1, entries, last}
+"""
+
+# A takeover moves every pending uplink message of the call to the new owner, under its lease.
+# KEYS: owner, fence, up. ARGV: worker, token, cursor, count.
+# -> {0} refused | {1, next cursor, entries, deleted ids}
+_TAKE_PENDING = _HOLDS + """
+if ARGV[2] ~= '' and not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return {0} end
+local reply = redis.call('XAUTOCLAIM', KEYS[3], 'workers', ARGV[1], 0, ARGV[3], 'COUNT', ARGV[4])
+return {1, reply[1], reply[2], reply[3] or {}}
+"""
+
+# An ended call: ack what is still pending under us (the end marker behind ``call_ended``,
+# claimed but never read once the worker stopped at call_ended). KEYS: up. ARGV: worker.
+_ACK_MINE = """
+local pending = redis.call('XPENDING', KEYS[1], 'workers', '-', '+', 1000, ARGV[1])
+for _, entry in ipairs(pending) do redis.call('XACK', KEYS[1], 'workers', entry[1]) end
+return #pending
+"""
+
 # KEYS: owner. ARGV: worker. Delete the lease only if it is still ours.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+_FENCED_SHA = hashlib.sha1(_FENCED.encode()).hexdigest()  # noqa: S324 - Redis's script id
+_CLAIM_UP_SHA = hashlib.sha1(_CLAIM_UP.encode()).hexdigest()  # noqa: S324
+
+# The unfenced form of each fenced op, for a bus writing to a call it does not own (tests, tools).
+_PLAIN: dict[str, Callable[..., list[tuple[Any, ...]]]] = {
+    "xack": lambda key, *ids: [("XACK", key, GROUP, *ids)],
+    "xadd": lambda key, maxlen, name, value: [("XADD", key, "MAXLEN", "~", maxlen, "*", name, value)],
+    "hset": lambda key, ttl, *pairs: [("HSET", key, *pairs), ("EXPIRE", key, ttl, "NX")],
+}
 
 _LOST = object()  # uplink queue sentinel: another worker took the call
 _CLOSED = object()  # queue sentinel: the bus is closing
@@ -166,6 +297,8 @@ class _Owned:
     call_sid: str
     worker_id: str
     info: CallInfo | None
+    token: str  # the fencing token of our lease
+    gateway: str | None = None  # the liveness key's id of the gateway that opened the call
     entry_ids: set[str] = field(default_factory=set)  # its pending entries in cg:calls
     queue: asyncio.Queue[Any] | None = None  # the running uplink() iterator's queue
     announced: str | None = None  # our re-announcement's entry, until we see it pending
@@ -178,11 +311,12 @@ class _Owned:
 class _Sub:
     """One iterator's inbox, filled by a reader task."""
 
-    __slots__ = ("queue", "last")
+    __slots__ = ("queue", "last", "call_sid")
 
-    def __init__(self) -> None:
+    def __init__(self, call_sid: str = "") -> None:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.last: tuple[int, int] = (0, 0)  # highest id put in the queue
+        self.call_sid = call_sid
 
 
 class _Outage:
@@ -246,6 +380,13 @@ class RedisBus(Bus):
         read_retries: retries of a one-off read (``load_context``) before BusUnavailableError.
         close_timeout_s: how long ``aclose`` waits to flush buffered writes.
         trim_interval_s: how often a claim loop trims the calls stream.
+        gateway_ttl_s: TTL of a gateway's liveness key (renewed every ``heartbeat_interval_s``
+            once it has opened a call); default ``worker_ttl_s``.
+        gateway_grace_s: how long a worker must see a gateway's liveness key missing, on
+            consecutive successful heartbeats, before it ends that gateway's calls. It covers
+            a live gateway re-setting its key after Redis came back (reconnect backoff, at most
+            ``backoff_cap_s``, plus one beat).
+        dead_call_ttl_s: TTL of the keys of a call ended because its gateway died.
     """
 
     def __init__(
@@ -274,6 +415,9 @@ class RedisBus(Bus):
         read_retries: int = 5,
         close_timeout_s: float = 5.0,
         trim_interval_s: float = 30.0,
+        gateway_ttl_s: float | None = None,
+        gateway_grace_s: float = 3.0,
+        dead_call_ttl_s: float = 10.0,
     ) -> None:
         super().__init__(bus_id=bus_id)
         check_name(prefix, "prefix")
@@ -306,6 +450,16 @@ class RedisBus(Bus):
         self._read_retry = make_retry(read_retries, backoff_base_s, backoff_cap_s)
         self._close_timeout = close_timeout_s
         self._trim_interval = trim_interval_s
+        gateway_ttl = worker_ttl_s if gateway_ttl_s is None else gateway_ttl_s
+        if gateway_ttl <= heartbeat_interval_s:
+            raise ValueError("gateway_ttl_s must exceed heartbeat_interval_s")
+        self._gateway_ttl_ms = max(1, int(gateway_ttl * 1000))
+        self._gateway_grace = float(gateway_grace_s)
+        self._dead_call_ttl = max(1, int(dead_call_ttl_s))
+        # This process's liveness as a gateway: random per bus, so a gateway restarted after
+        # kill -9 (even with the same bus_id) never vouches for its predecessor's calls.
+        self.incarnation: str = uuid.uuid4().hex[:16]
+        """The id of this bus's gateway liveness key (``<prefix>:gateway:<incarnation>``)."""
 
         self._state = _State.NEW
         self._buf = OutboundBuffer(buffer_max)
@@ -323,6 +477,10 @@ class RedisBus(Bus):
         self._down_reader: _Reader | None = None
         self._up_seen: dict[str, SeenWindow] = {}
         self._closed_calls: dict[str, None] = {}  # calls this bus closed (bounded, newest last)
+        self._lost: dict[str, None] = {}  # calls our workers lost to another (bounded, newest last)
+        self._gateway_task: asyncio.Task[None] | None = None
+        self._gateway_missing: dict[str, float] = {}  # gateway -> first beat that saw it gone
+        self._scripts_ready = False  # the writer's connection has loaded _FENCED
         self._where = url.split("@")[-1]  # never log credentials
         self._host = socket.gethostname()
 
@@ -349,6 +507,9 @@ class RedisBus(Bus):
     def _wake_key(self, role: str) -> str:
         return f"{self._prefix}:wake:{self.bus_id}:{role}"
 
+    def _gateway_key(self, incarnation: str) -> str:
+        return f"{self._prefix}:gateway:{incarnation}"
+
     # -- lifecycle ------------------------------------------------------------------------
     def _client(self, *, blocking: bool = False) -> Redis:
         timeout = self._socket_timeout + (self._block_ms / 1000 if blocking else 0.0)
@@ -371,7 +532,6 @@ class RedisBus(Bus):
         loop = asyncio.get_running_loop()
         self._redis = self._client()
         self._acquire_script = self._redis.register_script(_ACQUIRE)
-        self._renew_script = self._redis.register_script(_RENEW)
         self._closing = loop.create_future()
         self._wake_writer = asyncio.Event()
         self._state = _State.OPEN
@@ -454,6 +614,8 @@ class RedisBus(Bus):
                 owned.queue.put_nowait(_CLOSED)
         if self._heartbeat is not None:
             await _cancel(self._heartbeat)  # no renewal may race the hand-back below
+        if self._gateway_task is not None:
+            await _cancel(self._gateway_task)
         if not await self._flush_until(self._close_timeout):
             log.error(
                 "bus %s: closing with %d writes not stored (Redis at %s unreachable)",
@@ -464,6 +626,9 @@ class RedisBus(Bus):
         for task in list(self._tasks):
             await _cancel(task)
         wakes = [k for r in (*self._up_readers.values(), self._down_reader) if r for k in r.wake_keys]
+        if self._gateway_task is not None:
+            # A gateway that closes serves none of its calls any more: workers end those left.
+            wakes.append(self._gateway_key(self.incarnation))
         if wakes:
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await self._redis.delete(*wakes)
@@ -517,6 +682,9 @@ class RedisBus(Bus):
                 await self._wake_writer.wait()
                 continue
             pipe = redis.pipeline(transaction=False)
+            loading = not self._scripts_ready
+            if loading:
+                pipe.execute_command("SCRIPT", "LOAD", _FENCED)
             for op in batch:
                 for command in op.commands:
                     pipe.execute_command(*command)
@@ -524,6 +692,7 @@ class RedisBus(Bus):
                 results = await pipe.execute(raise_on_error=False)
             except _CONNECTION_ERRORS as exc:
                 self._buf.requeue()
+                self._scripts_ready = False  # a new connection may be a new (empty) server
                 failures += 1
                 self._outage.lost(exc)
                 await asyncio.sleep(self._backoff.compute(failures))
@@ -531,6 +700,16 @@ class RedisBus(Bus):
             except BaseException:
                 self._buf.requeue()
                 raise
+            if loading:
+                results = results[1:]
+                self._scripts_ready = True
+            if any(isinstance(r, NoScriptError) for r in results):
+                # The server forgot the script (SCRIPT FLUSH, or a restart between two batches):
+                # load it and write the batch again; the copies that land twice drop by eid.
+                log.warning("bus %s: Redis lost the fencing script; loading it again", self.bus_id)
+                self._buf.requeue()
+                self._scripts_ready = False
+                continue
             failures = 0
             self._buf.commit()
             self._outage.ok(flushed=not len(self._buf))
@@ -547,7 +726,58 @@ class RedisBus(Bus):
                 if isinstance(result, ResponseError) and _err_code(result) not in ("BUSYGROUP", "NOGROUP"):
                     log.error("bus %s: %s %s for call %s failed: %s",
                               self.bus_id, op.kind, command[0], op.call_sid or "-", result)  # fmt: skip
+                elif op.fence is not None and command[0] == "EVALSHA" and result == 0:
+                    self._fenced_out(op.call_sid, *op.fence, op.kind)
             at += len(op.commands)
+
+    # -- fencing ----------------------------------------------------------------------------
+    def _fenced(
+        self, kind: str, call_sid: str, key: str, op: str, *args: Any, critical: bool = True
+    ) -> Op | None:
+        """The op that writes ``key`` of a call under this bus's lease on it (see _FENCED);
+        a plain op when this bus does not own the call; None (nothing to write) when one of
+        its workers lost the call to another: a stale worker acts on nothing."""
+        owned = self._owned.get(call_sid)
+        if owned is None:
+            if call_sid in self._lost:
+                log.debug("bus %s: %s for call %s dropped: the call was taken over",
+                          self.bus_id, kind, call_sid)  # fmt: skip
+                return None
+            return Op(kind, call_sid, _PLAIN[op](key, *args), critical=critical)
+        command = ("EVALSHA", _FENCED_SHA, 3, self._key(call_sid, "owner"), self._key(call_sid, "fence"),
+                   key, owned.worker_id, owned.token, op, *args)  # fmt: skip
+        return Op(kind, call_sid, [command], critical=critical, fence=(owned.worker_id, owned.token))
+
+    def _fenced_out(self, call_sid: str, worker_id: str, token: str, what: str) -> None:
+        """Redis refused a write (or claim) of ours: another worker owns the call now."""
+        owned = self._owned.get(call_sid)
+        if owned is not None and owned.worker_id == worker_id and owned.token == token:
+            log.warning(
+                "bus %s: worker %s lost call %s (fencing token %s is stale: another worker took "
+                "it over while this one was not renewing its lease); %s refused, and every later "
+                "write for the call is dropped here", self.bus_id, worker_id, call_sid, token, what,
+            )  # fmt: skip
+            self._drop_owned(owned, _LOST)
+        elif call_sid not in self._lost:
+            self._mark_lost(call_sid)
+
+    def _mark_lost(self, call_sid: str) -> None:
+        self._lost[call_sid] = None
+        if len(self._lost) > 100_000:
+            del self._lost[next(iter(self._lost))]
+
+    async def holds(self, call_sid: str) -> bool:
+        owned = self._owned.get(call_sid)
+        if owned is None:
+            return call_sid not in self._lost
+        try:
+            code, _, _ = await self._acquire(call_sid, owned.worker_id, orphan=False, held=owned.token)
+        except _CONNECTION_ERRORS as exc:
+            self._outage.lost(exc)
+            return True  # cannot tell: the fences still guard every write to the call
+        if code == 0:
+            self._fenced_out(call_sid, owned.worker_id, owned.token, "checking the lease")
+        return code != 0
 
     async def _flush_until(self, timeout: float | None) -> bool:
         target = self._buf.last_seq
@@ -579,17 +809,48 @@ class RedisBus(Bus):
         await self._open()
         info = json.dumps(call.to_dict(), separators=(",", ":"))
         up, down, ctx = self._key(sid, "up"), self._key(sid, "down"), self._key(sid, "ctx")
+        if self._gateway_task is None:
+            self._gateway_task = self._spawn(self._gateway_loop(), "gateway-liveness")
         self._enqueue(
             Op("open_call", sid, [
+                # Our liveness lease first, so no worker ever sees the call without it.
+                ("SET", self._gateway_key(self.incarnation), self._gateway_info(), "PX", self._gateway_ttl_ms),
                 ("XGROUP", "CREATE", up, GROUP, "0", "MKSTREAM"),
                 ("XGROUP", "CREATE", down, GROUP, "0", "MKSTREAM"),
-                ("HSET", ctx, "info", info),
+                ("HSET", ctx, "info", info, "gw", self.incarnation),
                 ("EXPIRE", up, self._max_call, "NX"),
                 ("EXPIRE", down, self._max_call, "NX"),
                 ("EXPIRE", ctx, self._max_call, "NX"),
-                ("XADD", self._calls_key, "MAXLEN", "~", self._calls_maxlen, "*", "call", info),
+                ("XADD", self._calls_key, "MAXLEN", "~", self._calls_maxlen, "*", "call", info,
+                 "gw", self.incarnation),
             ])
         )  # fmt: skip
+
+    def _gateway_info(self) -> str:
+        return json.dumps({"bus": self.bus_id, "host": self._host, "pid": os.getpid()})
+
+    async def _gateway_loop(self) -> None:
+        """Renew this gateway's liveness lease while the bus is open (see ``_watch_gateways``)."""
+        assert self._redis is not None
+        key, info = self._gateway_key(self.incarnation), self._gateway_info()
+        failures = 0
+        while self._state is _State.OPEN:
+            try:
+                await self._redis.set(key, info, px=self._gateway_ttl_ms)
+            except _CONNECTION_ERRORS as exc:
+                failures += 1
+                self._outage.lost(exc)
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            except Exception:
+                # A dead loop would have every worker end this gateway's calls: log, go on.
+                failures += 1
+                log.exception("bus %s: renewing the gateway liveness key failed", self.bus_id)
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            failures = 0
+            self._outage.ok()
+            await asyncio.sleep(self._hb_interval)
 
     async def publish(self, call_sid: str, event: Event) -> str:
         return await self._append(call_sid, event, "up", "publish")
@@ -606,6 +867,12 @@ class RedisBus(Bus):
             log.debug("bus %s: %s %s to closed call %s dropped", self.bus_id, kind, stamped["type"], call_sid)
             return eid
         key = self._key(call_sid, part)
+        if part == "down":  # a worker's write: under its lease
+            op = self._fenced(kind, call_sid, key, "xadd", self._stream_maxlen, "e", payload,
+                              critical=is_critical(stamped))  # fmt: skip
+            if op is not None:
+                self._enqueue(op)
+            return eid
         self._enqueue(
             Op(kind, call_sid,
                [("XADD", key, "MAXLEN", "~", self._stream_maxlen, "*", "e", payload)],
@@ -618,9 +885,7 @@ class RedisBus(Bus):
         await self._open()
         if call_sid in self._closed_calls:
             return
-        self._closed_calls[call_sid] = None
-        if len(self._closed_calls) > 100_000:
-            del self._closed_calls[next(iter(self._closed_calls))]
+        self._remember_closed(call_sid)
         up, down = self._key(call_sid, "up"), self._key(call_sid, "down")
         ttl = self._call_ttl
         self._enqueue(
@@ -631,8 +896,14 @@ class RedisBus(Bus):
                 ("EXPIRE", up, ttl),
                 ("EXPIRE", down, ttl),
                 ("EXPIRE", self._key(call_sid, "ctx"), ttl),
+                ("EXPIRE", self._key(call_sid, "fence"), ttl),
             ])
         )  # fmt: skip
+
+    def _remember_closed(self, call_sid: str) -> None:
+        self._closed_calls[call_sid] = None
+        if len(self._closed_calls) > 100_000:
+            del self._closed_calls[next(iter(self._closed_calls))]
 
     async def downlink(self, call_sid: str) -> AsyncIterator[BusMessage]:
         check_name(call_sid, "call_sid")
@@ -670,12 +941,18 @@ class RedisBus(Bus):
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = self._spawn(self._heartbeat_loop(), "heartbeat")
 
-    async def _acquire(self, call_sid: str, worker_id: str, *, orphan: bool) -> tuple[int, str]:
-        code, owner = await self._acquire_script(
-            keys=[self._key(call_sid, "owner"), self._key(call_sid, "up")],
-            args=[worker_id, self._lease_ms, TOMBSTONE, "1" if orphan else "0"],
+    async def _acquire(
+        self, call_sid: str, worker_id: str, *, orphan: bool, held: str = ""
+    ) -> tuple[int, str, str]:
+        """(code, owner, fencing token) from _ACQUIRE; ``held``: the token we hold, to check
+        that the lease is still ours rather than take the call anew."""
+        code, owner, token = await self._acquire_script(
+            keys=[self._key(call_sid, "owner"), self._key(call_sid, "up"), self._key(call_sid, "fence")],
+            args=[worker_id, self._lease_ms, TOMBSTONE, "1" if orphan else "0", self._max_call, held],
         )
-        return int(code), _sid(owner)
+        if int(code) == 2:
+            self._lost.pop(call_sid, None)  # ours again, under a new token
+        return int(code), _sid(owner), _sid(token)
 
     async def claim_calls(self, worker_id: str) -> AsyncIterator[CallInfo]:
         check_name(worker_id, "worker_id")
@@ -778,11 +1055,12 @@ class RedisBus(Bus):
             return None
         info = CallInfo.from_dict(json.loads(raw))
         sid = info.call_sid
+        gateway = (fields or {}).get(b"gw")
         mine = self._owned.get(sid)
         if mine is not None and orphan:
-            # Our own entry went idle: our heartbeat has stalled. Check the lease rather than
-            # assume it; if another worker has taken the call, let go of it.
-            code, owner = await self._acquire(sid, mine.worker_id, orphan=True)
+            # Our own entry went idle: our heartbeat has stalled. Check the lease (and its token)
+            # rather than assume it; if another worker has taken the call, let go of it.
+            code, owner, _ = await self._acquire(sid, mine.worker_id, orphan=True, held=mine.token)
             if code <= 0:
                 self._drop_owned(mine, _LOST if code == 0 else None)
                 if code < 0:
@@ -796,13 +1074,14 @@ class RedisBus(Bus):
             if mine.worker_id != worker_id:
                 await self._redis.xclaim(self._calls_key, GROUP, mine.worker_id, 0, [entry_id], justid=True)
             return None
-        code, owner = await self._acquire(sid, worker_id, orphan=orphan)
+        code, owner, token = await self._acquire(sid, worker_id, orphan=orphan)
         if code in (1, 2):
-            self._owned[sid] = _Owned(sid, worker_id, info, {entry_id})
+            self._owned[sid] = _Owned(sid, worker_id, info, token, _sid(gateway) if gateway else None,
+                                      {entry_id})  # fmt: skip
             if orphan:
                 self.counters["orphans_claimed"] += 1
-                log.warning("bus %s: worker %s took over call %s (its worker stopped renewing)",
-                            self.bus_id, worker_id, sid)  # fmt: skip
+                log.warning("bus %s: worker %s took over call %s with fencing token %s (its worker "
+                            "stopped renewing)", self.bus_id, worker_id, sid, token)  # fmt: skip
             return info
         if code < 0:  # ended (or expired): nothing to resume
             await self._redis.xack(self._calls_key, GROUP, entry_id)
@@ -839,18 +1118,27 @@ class RedisBus(Bus):
         self._register_worker(worker_id)
         owned = self._owned.get(call_sid)
         if owned is None or owned.worker_id != worker_id:
-            code, owner = await self._until_ok(lambda: self._acquire(call_sid, worker_id, orphan=False))
+            code, owner, token = await self._until_ok(lambda: self._acquire(call_sid, worker_id, orphan=False))
             if code == 0:
                 raise CallOwnershipError(call_sid, owner)
             owned = None
             if code > 0:
-                owned = self._owned[call_sid] = _Owned(call_sid, worker_id, None)
-        sub = _Sub()
+                owned = self._owned[call_sid] = _Owned(call_sid, worker_id, None, token)
+        sub = _Sub(call_sid)
         if owned is not None:
             owned.queue = sub.queue
         seen = self._up_seen.setdefault(call_sid, SeenWindow())
         up = self._key(call_sid, "up")
-        through_raw, history = await self._until_ok(lambda: self._history(redis, call_sid, worker_id))
+        token = owned.token if owned is not None else ""
+        through_raw, gateway, history = await self._until_ok(
+            lambda: self._history(redis, call_sid, worker_id, token)
+        )
+        if history is None:
+            assert owned is not None
+            self._fenced_out(call_sid, worker_id, token, "taking its pending messages")
+            raise OwnershipLostError(call_sid, "?", f"call {call_sid}: another worker took it over")
+        if owned is not None and owned.gateway is None and gateway:
+            owned.gateway = gateway
         through = parse_stream_id(through_raw) if through_raw else None
         reader = self._up_readers.get(worker_id)
         if reader is None:
@@ -887,30 +1175,34 @@ class RedisBus(Bus):
                 self._finish(call_sid)
 
     async def _history(
-        self, redis: Redis, call_sid: str, worker_id: str
-    ) -> tuple[str | None, list[tuple[bytes, dict[bytes, bytes]]]]:
-        """The context's ``through`` mark, and every pending uplink message of the call (an
-        earlier owner's or ours), moved to ``worker_id``, in id order."""
+        self, redis: Redis, call_sid: str, worker_id: str, token: str
+    ) -> tuple[str | None, str | None, list[tuple[bytes, dict[bytes, bytes]]] | None]:
+        """The context's ``through`` mark, the call's gateway, and every pending uplink message
+        of the call (an earlier owner's or ours), moved to ``worker_id`` under its lease
+        (``token``), in id order; None for the messages when the lease is no longer ours."""
         up = self._key(call_sid, "up")
-        through = await redis.hget(self._key(call_sid, "ctx"), "through")
+        through, gateway = await redis.hmget(self._key(call_sid, "ctx"), ["through", "gw"])
         entries: list[tuple[bytes, dict[bytes, bytes]]] = []
         cursor: str = "0-0"
+        keys = [self._key(call_sid, "owner"), self._key(call_sid, "fence"), up]
         while True:
             try:
-                reply = await redis.xautoclaim(up, GROUP, worker_id, 0, cursor, count=500)
+                reply = await _run_script(redis, _TAKE_PENDING, keys, [worker_id, token, cursor, 500])
             except ResponseError as exc:
                 if _err_code(exc) != "NOGROUP":
                     raise
                 await self._create_groups(redis, [up])
                 continue
-            entries.extend(reply[1])
-            if len(reply) > 2 and reply[2]:
+            if int(reply[0]) == 0:
+                return None, None, None
+            entries.extend((entry_id, _flat_fields(flat)) for entry_id, flat in reply[2])
+            if reply[3]:
                 log.error("bus %s: call %s lost %d uplink messages trimmed before being handled",
-                          self.bus_id, call_sid, len(reply[2]))  # fmt: skip
-            cursor = _sid(reply[0])
+                          self.bus_id, call_sid, len(reply[3]))  # fmt: skip
+            cursor = _sid(reply[1])
             if cursor == "0-0":
                 break
-        return (_sid(through) if through else None), entries
+        return (_sid(through) if through else None), (_sid(gateway) if gateway else None), entries
 
     def _accept(
         self,
@@ -925,19 +1217,18 @@ class RedisBus(Bus):
         message_id = _sid(raw_id)
         if not fields:
             return None
-        up = self._key(call_sid, "up")
         if b"c" in fields:
-            self._enqueue(Op("ack", call_sid, [("XACK", up, GROUP, message_id)]))
+            self._ack_op(call_sid, message_id)
             return _END
         id_key = parse_stream_id(message_id)
         event = json.loads(fields[b"e"])
         eid = event.get("eid")
         if through is not None and id_key <= through:
-            self._enqueue(Op("ack", call_sid, [("XACK", up, GROUP, message_id)]))
+            self._ack_op(call_sid, message_id)
             return None
         if seen.seen(id_key, eid):
             if id_key > seen.high:  # a copy of an eid handled before
-                self._enqueue(Op("ack", call_sid, [("XACK", up, GROUP, message_id)]))
+                self._ack_op(call_sid, message_id)
             return None
         seen.add(id_key, eid)
         return BusMessage(message_id, event, redelivered)
@@ -949,11 +1240,16 @@ class RedisBus(Bus):
         if owned is not None and owned.entries():
             self._enqueue(Op("end_claim", call_sid, [("XACK", self._calls_key, GROUP, *owned.entries())]))
 
+    def _ack_op(self, call_sid: str, message_id: str) -> None:
+        op = self._fenced("ack", call_sid, self._key(call_sid, "up"), "xack", message_id)
+        if op is not None:
+            self._enqueue(op)
+
     async def ack(self, call_sid: str, message_id: str) -> None:
         check_name(call_sid, "call_sid")
         await self._open()
         parse_stream_id(message_id)
-        self._enqueue(Op("ack", call_sid, [("XACK", self._key(call_sid, "up"), GROUP, message_id)]))
+        self._ack_op(call_sid, message_id)
 
     async def save_context(
         self, call_sid: str, context: dict[str, Any], *, through: str | None = None
@@ -967,16 +1263,17 @@ class RedisBus(Bus):
         fields: list[Any] = ["ctx", payload, "by", self.bus_id]
         if through is not None:
             fields += ["through", through]
-        self._enqueue(
-            Op("save_context", call_sid, [("HSET", ctx, *fields), ("EXPIRE", ctx, self._max_call, "NX")])
-        )
+        op = self._fenced("save_context", call_sid, ctx, "hset", self._max_call, *fields)
+        if op is not None:
+            op.context = payload
+            self._enqueue(op)
 
     async def load_context(self, call_sid: str) -> dict[str, Any] | None:
         check_name(call_sid, "call_sid")
         redis = await self._open()
         for op in reversed(list(self._buf.pending())):  # read our own unflushed save first
-            if op.kind == "save_context" and op.call_sid == call_sid:
-                result: dict[str, Any] = json.loads(op.commands[0][3])
+            if op.kind == "save_context" and op.call_sid == call_sid and op.context is not None:
+                result: dict[str, Any] = json.loads(op.context)
                 return result
         try:
             raw = await self._read_retry.call_with_retry(
@@ -1003,6 +1300,7 @@ class RedisBus(Bus):
                 await self._heartbeat_once()
             except _CONNECTION_ERRORS as exc:
                 failures += 1
+                self._gateway_missing.clear()  # only beats that reached Redis count as seeing
                 self._outage.lost(exc)
             except Exception:
                 # A dead heartbeat silently hands every call of this worker to others, while
@@ -1017,8 +1315,48 @@ class RedisBus(Bus):
     async def _heartbeat_once(self) -> None:
         redis = self._redis
         assert redis is not None
-        owned = list(self._owned.values())
         workers = sorted(self._workers)
+        # Leases first, in batches, one round trip each, so that a worker with many calls does
+        # not hold the event loop for one long pack-and-parse (audio paths share the loop). A
+        # worker that was frozen learns here that it lost its calls before it touches their
+        # registry entries below (which would move them back from their new owner).
+        renewing = list(self._owned.values())
+        checked, renewed = [], []
+        for worker_id in workers:
+            mine = [o for o in renewing if o.worker_id == worker_id]
+            for at in range(0, len(mine), _RENEW_BATCH):
+                batch = mine[at : at + _RENEW_BATCH]
+                keys = [k for o in batch for k in (self._key(o.call_sid, "owner"), self._key(o.call_sid, "fence"))]
+                args = [worker_id, self._lease_ms, TOMBSTONE, self._max_call, *(o.token for o in batch)]
+                try:
+                    reply = await _run_script(redis, _RENEW, keys, args)
+                except ResponseError as exc:
+                    log.error("bus %s: lease renewal failed: %s", self.bus_id, exc)
+                    continue
+                checked.extend(batch)
+                renewed.extend(int(code) for code in reply)
+        owned: list[_Owned] = []
+        lapsed: list[str] = []
+        for o, result in zip(checked, renewed, strict=True):
+            if self._owned.get(o.call_sid) is not o:
+                continue  # finished meanwhile
+            if result == 0:
+                log.warning("bus %s: worker %s lost call %s to another worker (lease lapsed; its "
+                            "fencing token %s is stale)", self.bus_id, o.worker_id, o.call_sid, o.token)  # fmt: skip
+                self._drop_owned(o, _LOST)
+            elif result == -1:
+                self._drop_owned(o, None)  # closed: its uplink ends at the end marker
+                commands: list[tuple[Any, ...]] = [("EVAL", _ACK_MINE, 1, self._key(o.call_sid, "up"), o.worker_id)]
+                if o.entries():
+                    commands.append(("XACK", self._calls_key, GROUP, *o.entries()))
+                self._enqueue(Op("end_claim", o.call_sid, commands))
+            else:
+                if result == 2:
+                    lapsed.append(o.call_sid)
+                owned.append(o)
+        if lapsed:
+            log.warning("bus %s: leases on %d calls had lapsed (Redis away or lost its data); "
+                        "taken back: %s", self.bus_id, len(lapsed), " ".join(lapsed[:10]))  # fmt: skip
         pipe = redis.pipeline(transaction=False)
         for worker_id in workers:
             n = sum(1 for o in owned if o.worker_id == worker_id)
@@ -1035,72 +1373,88 @@ class RedisBus(Bus):
         waiting = [o for o in owned if o.announced]
         if waiting:
             pipe.xinfo_groups(self._calls_key)  # last-delivered-id: is a re-announcement read yet?
+        gateways = sorted({o.gateway for o in owned if o.gateway})
+        for gateway in gateways:
+            pipe.exists(self._gateway_key(gateway))
         results = await pipe.execute(raise_on_error=False)
         at = len(workers)
         claimed = results[at : at + len(touched)]
         at += len(touched)
         undelivered: set[str | None] = set()
-        if waiting and isinstance(results[at], list):
-            last = next((g["last-delivered-id"] for g in results[at] if _sid(g["name"]) == GROUP), b"0-0")
-            delivered = parse_stream_id(_sid(last))
-            undelivered = {o.announced for o in waiting if o.announced and parse_stream_id(o.announced) > delivered}
-        # Leases in batches, one round trip each, so that a worker with many calls does not
-        # hold the event loop for one long pack-and-parse (audio paths share the loop).
-        renewing, owned, renewed = owned, [], []
-        for worker_id in workers:
-            mine = [o for o in renewing if o.worker_id == worker_id]
-            for at in range(0, len(mine), _RENEW_BATCH):
-                batch = mine[at : at + _RENEW_BATCH]
-                keys = [self._key(o.call_sid, "owner") for o in batch]
-                args = (*keys, worker_id, self._lease_ms, TOMBSTONE)
-                try:
-                    reply = await redis.evalsha(self._renew_script.sha, len(keys), *args)
-                except NoScriptError:
-                    # First beat on this server (or it restarted empty).
-                    reply = await redis.eval(_RENEW, len(keys), *args)
-                except ResponseError as exc:
-                    log.error("bus %s: lease renewal failed: %s", self.bus_id, exc)
-                    continue
-                owned.extend(batch)
-                renewed.extend(int(code) for code in reply)
+        if waiting:
+            if isinstance(results[at], list):
+                last = next((g["last-delivered-id"] for g in results[at] if _sid(g["name"]) == GROUP), b"0-0")
+                delivered = parse_stream_id(_sid(last))
+                undelivered = {o.announced for o in waiting if o.announced and parse_stream_id(o.announced) > delivered}
+            at += 1
+        alive = dict(zip(gateways, results[at:], strict=True))
         still_pending: set[str] = set()
         for result in claimed:
             if isinstance(result, list):
                 still_pending.update(_sid(i) for i in result)
             elif isinstance(result, ResponseError) and _err_code(result) == "NOGROUP":
                 await self._create_groups(redis, [self._calls_key])
-        lapsed: list[str] = []
-        for o, result in zip(owned, renewed, strict=True):
+        for o in owned:
             if self._owned.get(o.call_sid) is not o:
-                continue  # finished meanwhile
-            if result == 0:
-                log.warning("bus %s: worker %s lost call %s to another worker (lease lapsed)",
-                            self.bus_id, o.worker_id, o.call_sid)  # fmt: skip
-                self._drop_owned(o, _LOST)
-            elif result == -1:
-                self._drop_owned(o, None)  # closed: its uplink ends at the end marker
-                if o.entries():
-                    self._enqueue(Op("end_claim", o.call_sid,
-                                     [("XACK", self._calls_key, GROUP, *o.entries())]))  # fmt: skip
-            elif isinstance(result, int):
-                if result == 2:
-                    lapsed.append(o.call_sid)
-                if o.announced in still_pending:
-                    o.entry_ids.add(o.announced)
-                    o.announced = None
-                o.entry_ids &= still_pending
-                if not o.entry_ids and o.info is not None and o.announced not in undelivered:
-                    # Our registry entry vanished (trimmed, or Redis lost its data): without it
-                    # nobody would find the call if we died. The new entry waits, undelivered,
-                    # until some claim loop reads it: alive, we get it back; dead, it is taken
-                    # over. Calls taken with uplink() alone, never claimed, are not registered.
-                    await self._announce(redis, o)
-        if lapsed:
-            log.warning("bus %s: leases on %d calls had lapsed (Redis away or lost its data); "
-                        "taken back: %s", self.bus_id, len(lapsed), " ".join(lapsed[:10]))  # fmt: skip
+                continue
+            if o.announced in still_pending:
+                o.entry_ids.add(o.announced)
+                o.announced = None
+            o.entry_ids &= still_pending
+            if not o.entry_ids and o.info is not None and o.announced not in undelivered:
+                # Our registry entry vanished (trimmed, or Redis lost its data): without it
+                # nobody would find the call if we died. The new entry waits, undelivered,
+                # until some claim loop reads it: alive, we get it back; dead, it is taken
+                # over. Calls taken with uplink() alone, never claimed, are not registered.
+                await self._announce(redis, o)
+        self._watch_gateways(owned, alive)
+
+    def _watch_gateways(self, owned: list[_Owned], alive: dict[str, Any]) -> None:
+        """End the calls whose gateway stopped renewing its liveness key (it died: kill -9, a
+        lost machine). Only absence seen on consecutive successful beats for ``gateway_grace_s``
+        counts, so a Redis restart (which drops or expires the key until the gateway is back)
+        ends nothing."""
+        now = time.monotonic()
+        for gateway, exists in alive.items():
+            if isinstance(exists, int) and exists:
+                self._gateway_missing.pop(gateway, None)
+            elif isinstance(exists, int):
+                self._gateway_missing.setdefault(gateway, now)
+        for gateway in [g for g in self._gateway_missing if g not in alive]:
+            del self._gateway_missing[gateway]  # none of our calls depends on it any more
+        dead = {g for g, since in self._gateway_missing.items() if now - since >= self._gateway_grace}
+        for o in owned:
+            if o.gateway in dead and self._owned.get(o.call_sid) is o and o.call_sid not in self._closed_calls:
+                self._end_dead_call(o, now - self._gateway_missing[o.gateway])
+
+    def _end_dead_call(self, owned: _Owned, missing_s: float) -> None:
+        """The call's gateway is gone: end it as the gateway would have (``call_ended`` then the
+        end markers), so the agent takes its normal stop path, and let its keys go soon. Our
+        lease ends with it (the tombstone), so the next beat stops renewing it."""
+        sid = owned.call_sid
+        log.warning("bus %s: the gateway of call %s (liveness key %s) has been gone for %.1fs; "
+                    "ending the call (call_ended, reason gateway_lost)",
+                    self.bus_id, sid, owned.gateway, missing_s)  # fmt: skip
+        self._remember_closed(sid)
+        event = json.dumps({"type": "call_ended", "reason": "gateway_lost", "eid": f"{sid}-gateway-lost"},
+                           separators=(",", ":"))  # fmt: skip
+        up, down, ttl = self._key(sid, "up"), self._key(sid, "down"), self._dead_call_ttl
+        self._enqueue(
+            Op("end_dead_call", sid, [
+                ("XADD", up, "MAXLEN", "~", self._stream_maxlen, "*", "e", event),
+                ("XADD", up, "MAXLEN", "~", self._stream_maxlen, "*", "c", "end"),
+                ("XADD", down, "MAXLEN", "~", self._stream_maxlen, "*", "c", "end"),
+                ("SET", self._key(sid, "owner"), TOMBSTONE, "EX", ttl),
+                *(("EXPIRE", self._key(sid, part), ttl) for part in ("up", "down", "ctx", "fence")),
+            ])
+        )  # fmt: skip
+        self.counters["calls_ended_gateway_lost"] += 1
 
     def _drop_owned(self, owned: _Owned, sentinel: object | None) -> None:
         self._owned.pop(owned.call_sid, None)
+        if sentinel is _LOST:
+            self.counters["calls_lost"] += 1
+            self._mark_lost(owned.call_sid)
         if sentinel is not None and owned.queue is not None:
             owned.queue.put_nowait(sentinel)
         self._up_seen.pop(owned.call_sid, None)
@@ -1111,7 +1465,10 @@ class RedisBus(Bus):
         and our next heartbeat's XCLAIM finds it pending again."""
         assert owned.info is not None
         info = json.dumps(owned.info.to_dict(), separators=(",", ":"))
-        entry_id = await redis.xadd(self._calls_key, {"call": info, "owner": owned.worker_id},
+        fields = {"call": info, "owner": owned.worker_id}
+        if owned.gateway:
+            fields["gw"] = owned.gateway
+        entry_id = await redis.xadd(self._calls_key, fields,  # type: ignore[arg-type]
                                     maxlen=self._calls_maxlen, approximate=True)  # fmt: skip
         # Not pending anywhere until a claim loop reads it; our XCLAIM then finds it.
         owned.announced = _sid(entry_id)
@@ -1171,7 +1528,9 @@ class _Shard:
         self._wake_last = "0-0"
         self.subs: dict[bytes, list[_Sub]] = {}
         self.task: asyncio.Task[None] | None = None
-        self._packed: tuple[tuple[bytes, ...], list[bytes]] | None = None  # (keys, command)
+        self._pos: dict[bytes, str] = {}  # uplink mode: each stream's last delivered id
+        self._pos_arg: dict[bytes, bytes] = {}  # ... packed as a RESP bulk string
+        self._xread_head: tuple[tuple[bytes, ...], bytes] | None = None  # (streams, packed head)
 
     async def add(self, key: bytes, sub: _Sub) -> None:
         self.subs.setdefault(key, []).append(sub)
@@ -1187,6 +1546,8 @@ class _Shard:
             subs.remove(sub)
         if subs is not None and not subs:
             del self.subs[key]
+            self._pos.pop(key, None)
+            self._pos_arg.pop(key, None)
             return True
         return False
 
@@ -1210,8 +1571,9 @@ class _Shard:
                     else:
                         if need_groups:
                             # First run, or Redis lost its data: (re)create the groups we read.
-                            await bus._create_groups(client, [self.wake, *(k.decode() for k in keys)])
-                            await client.pexpire(self.wake, 86_400_000)
+                            await bus._create_groups(client, [k.decode() for k in keys])
+                            self._pos.clear()
+                            self._pos_arg.clear()
                             need_groups = False
                         if resync:
                             await self._resync(client, consumer, keys)
@@ -1235,33 +1597,97 @@ class _Shard:
             await client.aclose()
 
     async def _read_new(self, client: Redis, consumer: str, keys: list[bytes]) -> list[Any]:
-        """XREADGROUP ... > over the shard's streams. The command only changes when the set of
-        streams does, so it is packed once per change and sent as bytes: packing ~130 arguments
-        on every event would be most of the client's work per event."""
+        """New uplink messages of the shard's calls, claimed under each call's lease.
+
+        A blocking XREADGROUP would deliver messages to a worker even while it is frozen (the
+        server answers the read; the reply waits in the socket), and the worker would act on
+        them when it wakes, after another worker took the call over. So the shard blocks in a
+        plain XREAD (it claims nothing) from each stream's last delivered id, and claims what
+        arrived with _CLAIM_UP, which checks the lease and reads with XREADGROUP in one script.
+        A stream new to the shard is claimed from at once, which also tells its position."""
+        fresh = [k for k in keys if k not in self._pos]
+        arrived: dict[bytes, str] = {}  # the last id the XREAD saw, per stream
         if client.connection is None:
             await client.initialize()
         conn = client.connection
         assert conn is not None
+        if not fresh:
+            await conn.send_packed_command(self._xread_command(keys))
+            raw = await conn.read_response() or ()
+            for key, entries in raw.items() if isinstance(raw, dict) else raw:  # RESP3 or RESP2
+                if key == self._wake_b:
+                    if entries:
+                        self._wake_last = _sid(entries[-1][0])
+                elif entries and key in self._pos:
+                    arrived[key] = _sid(entries[-1][0])
+        if not fresh and not arrived:
+            return []
+        bus = self.bus
+        calls = []
+        for key in (*fresh, *arrived):
+            sid = self.subs[key][0].call_sid if self.subs.get(key) else ""
+            owned = bus._owned.get(sid)
+            token = owned.token if owned is not None and owned.worker_id == consumer else ""
+            calls.append((key, sid, token))
+        commands = [
+            ("EVALSHA", _CLAIM_UP_SHA, 3, bus._key(sid, "owner"), bus._key(sid, "fence"), key,
+             consumer, token, 256, "0" if key in arrived else "1")
+            for key, sid, token in calls
+        ]  # fmt: skip
+        await conn.send_packed_command(conn.pack_commands(commands))
+        results: list[Any] = []
+        for _ in commands:  # read every reply, errors included, to keep the connection in step
+            try:
+                results.append(await conn.read_response())
+            except ResponseError as exc:
+                results.append(exc)
+        if any(isinstance(r, NoScriptError) for r in results):
+            await client.script_load(_CLAIM_UP)
+            return []  # claimed nothing: the next round claims again, with the script loaded
+        out = []
+        for (key, sid, token), result in zip(calls, results, strict=True):
+            if isinstance(result, ResponseError):
+                if _err_code(result) == "NOGROUP":
+                    raise result
+                log.error("bus %s: claiming uplink messages of call %s failed: %s", bus.bus_id, sid, result)
+                continue
+            if int(result[0]) == 0:
+                bus._fenced_out(sid, consumer, token, "claiming its uplink messages")
+                if key in arrived:  # not ours to read: look past them
+                    self._set_pos(key, _max_id(self._pos[key], arrived[key]))
+                continue
+            entries = [(entry_id, _flat_fields(flat)) for entry_id, flat in result[1]]
+            at = _sid(result[2]) if result[2] else self._pos.get(key, "0-0")
+            if entries:
+                at = _max_id(at, _sid(entries[-1][0]))
+                out.append((key, entries))
+            if key in arrived:
+                at = _max_id(at, arrived[key])
+            self._set_pos(key, at)
+        return out
+
+    def _set_pos(self, key: bytes, position: str) -> None:
+        self._pos[key] = position
+        self._pos_arg[key] = _bulk(position.encode())
+
+    def _xread_command(self, keys: list[bytes]) -> bytes:
+        """``XREAD COUNT 256 BLOCK <ms> STREAMS <wake> <keys...> <ids...>``, packed. The keys
+        change only when calls come and go, so that part is packed once per change; the ids
+        are packed once per change of each: packing ~130 arguments through the client on every
+        event would be most of its work per event."""
         names = (self._wake_b, *keys)
-        if self._packed is None or self._packed[0] != names:
-            command = conn.pack_command(
-                "XREADGROUP", "GROUP", GROUP, consumer, "COUNT", 256, "BLOCK", self.bus._block_ms,
-                "STREAMS", *names, *([">"] * len(names)),
-            )  # fmt: skip
-            self._packed = (names, command)
-        await conn.send_packed_command(self._packed[1])
-        return _stream_reply(await conn.read_response())
+        if self._xread_head is None or self._xread_head[0] != names:
+            fixed = (b"XREAD", b"COUNT", b"256", b"BLOCK", str(self.bus._block_ms).encode(), b"STREAMS")
+            head = b"*%d\r\n" % (len(fixed) + 2 * len(names)) + b"".join(_bulk(a) for a in (*fixed, *names))
+            self._xread_head = (names, head)
+        pos = self._pos_arg
+        return b"".join((self._xread_head[1], _bulk(self._wake_last.encode()), *(pos[k] for k in keys)))
 
     def _dispatch(self, reply: list[Any]) -> None:
         for key, entries in reply:
             if key == self._wake_b:
-                if not entries:
-                    continue
-                if self.reader.consumer is None:
+                if entries:
                     self._wake_last = _sid(entries[-1][0])
-                else:
-                    ids = [e[0] for e in entries]
-                    self.bus._enqueue(Op("wake_ack", "", [("XACK", self.wake, GROUP, *ids)]))
                 continue
             subs = self.subs.get(key)
             if not subs:
@@ -1293,6 +1719,38 @@ class _Shard:
                     progressed[key] = _sid(entries[-1][0])
             self._dispatch(reply or [])
             positions = {k: v for k, v in progressed.items() if k in self.subs}
+
+
+def _bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _max_id(a: str, b: str) -> str:
+    return a if parse_stream_id(a) >= parse_stream_id(b) else b
+
+
+def _flat_fields(flat: Any) -> dict[bytes, bytes] | None:
+    """A stream entry's fields as a Lua script returns them (a flat list) -> a dict."""
+    if not flat:
+        return None
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
+async def _run_script(client: Redis, script: str, keys: list[Any], args: list[Any]) -> Any:
+    """EVALSHA, loading the script on the server when it does not know it yet."""
+    sha = _SHAS.get(script)
+    if sha is None:
+        sha = _SHAS[script] = hashlib.sha1(script.encode()).hexdigest()  # noqa: S324
+    try:
+        return await client.evalsha(sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await client.script_load(script)
+        return await client.evalsha(sha, len(keys), *keys, *args)
+
+
+_SHAS: dict[str, str] = {}
 
 
 def _stream_reply(raw: Any) -> list[Any]:

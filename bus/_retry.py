@@ -81,6 +81,9 @@ class Op:
         commands: raw command tuples, e.g. ``("XADD", key, "*", "e", payload)``.
         critical: never dropped on overflow.
         seq: position in the bus's write order (set by the buffer).
+        fence: (worker id, fencing token) when the commands are fenced scripts (each replies 0
+            when the lease is no longer that worker's); None for plain writes.
+        context: the JSON a ``save_context`` op stores (read-your-writes before it lands).
     """
 
     kind: str
@@ -88,6 +91,8 @@ class Op:
     commands: Sequence[tuple[Any, ...]]
     critical: bool = True
     seq: int = 0
+    fence: tuple[str, str] | None = None
+    context: str | None = None
     state: int = field(default=_QUEUED, repr=False)
 
 

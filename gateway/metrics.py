@@ -37,6 +37,8 @@ BUS_COUNTERS = {
     "reconnects": "Times the bus got its server back after an outage",
     "calls_claimed": "Calls this process's workers claimed from the bus",
     "orphans_claimed": "Calls taken over from a worker that stopped renewing its lease",
+    "calls_lost": "Calls this process's workers lost to another worker (fenced out after a stall)",
+    "calls_ended_gateway_lost": "Calls ended because their gateway stopped renewing its liveness key",
     "writes_dropped": "Bus writes dropped because an outage outlasted the write buffer",
 }
 

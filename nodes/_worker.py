@@ -16,6 +16,10 @@ Uplink (gateway -> worker; every event has ``type`` and ``eid``):
 * ``dtmf`` {digit} -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
 * ``call_ended`` -> the session stops; ``interrupt_suppressed`` and ``playback`` are acked only.
 
+A call lost to another worker (this one stalled past its lease and the bus says
+``OwnershipLostError``) stops here: the session is stopped, logged, and nothing more is sent,
+acked or saved for it; Twilio REST effects are done only while ``bus.holds(call_sid)``.
+
 Each message is acked once handled; an ``eid`` seen before is acked and dropped. A final
 transcript is acked only once an output node has put the user message into its context and the
 conversation has been saved, so a worker dying in between leaves it to be redelivered.
@@ -71,7 +75,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from bus import Bus, CallInfo, Event
+from bus import Bus, CallInfo, Event, OwnershipLostError
 
 from ._alignment import UtteranceAlignment
 from ._call_control import CallControl, TwilioCallControl
@@ -224,16 +228,28 @@ class SessionWorker:
     async def run(self) -> None:
         """Handle every call claimed from the bus, each in its own task, until the bus ends."""
         async for call in self._bus.claim_calls(self.worker_id):
-            if call.call_sid in self._tasks:
-                continue
+            # A call claimed again while its old session is still stopping (this worker lost
+            # it, then took it back as an orphan) starts once the old one is done; dropping the
+            # claim would leave the call owned here and handled by nobody.
+            previous = self._tasks.get(call.call_sid)
             task = asyncio.get_running_loop().create_task(
-                self.handle_call(call), name=f"call:{call.call_sid}"
+                self._handle_after(previous, call), name=f"call:{call.call_sid}"
             )
             self._tasks[call.call_sid] = task
             task.add_done_callback(lambda t, sid=call.call_sid: self._call_done(sid, t))
 
+    async def _handle_after(self, previous: asyncio.Task[None] | None, call: CallInfo) -> None:
+        if previous is not None:
+            try:
+                await asyncio.wait({previous})
+            except asyncio.CancelledError:
+                previous.cancel()
+                raise
+        await self.handle_call(call)
+
     def _call_done(self, sid: str, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(sid, None)
+        if self._tasks.get(sid) is task:
+            self._tasks.pop(sid)
         if not task.cancelled() and task.exception() is not None:
             logger.error("call %s failed", sid, exc_info=task.exception())
 
@@ -280,6 +296,14 @@ class SessionWorker:
                 await self._control(state, "end")
             await self._consume_uplink(state)
             ended_normally = True
+        except OwnershipLostError:
+            # This worker stalled past its lease (a long pause, SIGSTOP) and another took the
+            # call over: stop here without a trace on the call. The bus already refuses our
+            # writes; nothing is saved or acked, the new owner has the conversation.
+            logger.warning(
+                "call %s: lost to another worker while this one was not renewing its lease; "
+                "session stopped here, nothing more is sent, acked or saved", call.call_sid,
+            )
         finally:
             await self._finish(state, setup_task, pump_task, ended_normally)
 
@@ -613,6 +637,9 @@ class SessionWorker:
         await self._bus.send(state.sid, event)
 
     async def _control(self, state: _Call, action: str, to: str = "") -> None:
+        if not await self._bus.holds(state.sid):
+            logger.warning("call %s: %s not done: another worker owns the call now", state.sid, action)
+            return
         if self._call_control is None:
             logger.info(
                 "call %s: no Twilio client; %s sent on the downlink only", state.sid, action
