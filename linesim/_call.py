@@ -85,6 +85,8 @@ class Condition:
     dBFS), ``backchannel`` (no barge-in), ``echo_only`` (no caller speech at all)."""
 
     def __post_init__(self) -> None:
+        for num in ("erl_db", "delay_ms"):  # 6 and 6.0 are one grid point
+            object.__setattr__(self, num, float(getattr(self, num)))
         for f, allowed in (("change", Change), ("nonlinearity", Nonlinearity),
                            ("background", Background), ("behaviour", Behaviour)):
             if getattr(self, f) not in get_args(allowed):

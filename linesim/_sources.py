@@ -21,6 +21,7 @@ is in ``check`` when ``v % 4 == 3`` (:func:`synthetic_split`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 from dataclasses import dataclass, field
@@ -301,7 +302,10 @@ def _render(voice: str, text: str, rate_wpm: int, pitch: int) -> bytes:
             out += chunk
         return out
 
-    return asyncio.run(run())
+    # In a thread of its own: the simulator is synchronous and may be called from a running
+    # event loop (the bench generates calls between replays).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def espeak_clip(voice: str, text: str, *, rate_wpm: int = 165, pitch: int = 50) -> Clip:
