@@ -192,13 +192,18 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
     audio_s = 0.0
     n_calls = 0
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    replay_cpu = 0.0
+    gen_cpu = 0.0  # of which simulating the calls
     with tempfile.TemporaryDirectory(prefix="robustness-") as tmp:
         async with VadEngine(runtime=runtime) as engine:  # type: ignore[arg-type]
 
             async def worker() -> None:
-                nonlocal audio_s, n_calls, replay_cpu
-                for call in it:  # one shared iterator: each call is taken by one worker
+                nonlocal audio_s, n_calls, gen_cpu
+                while True:  # one shared iterator: each call is taken by one worker
+                    t = time.process_time()
+                    call = next(it, None)
+                    gen_cpu += time.process_time() - t
+                    if call is None:
+                        return
                     path = Path(tmp) / f"{call.name}.twilio.jsonl"
                     path.write_text("\n".join(call.messages()) + "\n")
                     audio_s += call.labels["duration_ms"] / 1000
@@ -212,12 +217,16 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
                     path.unlink()
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
+            stats = engine.stats
     wall, cpu = time.perf_counter() - t_wall, time.process_time() - t_cpu
     replays = n_calls * len(variants)
     speed = {"calls": n_calls, "replays": replays, "audio_s_per_call": audio_s / max(1, n_calls),
-             "wall_s": wall, "cpu_s": cpu,
-             "replays_per_cpu_s": replays / cpu if cpu else 0.0,
-             "audio_x_realtime_per_core": audio_s * len(variants) / cpu if cpu else 0.0}
+             "wall_s": wall, "cpu_s": cpu, "simulate_cpu_s": gen_cpu,
+             "replays_per_cpu_s": replays / (cpu - gen_cpu) if cpu > gen_cpu else 0.0,
+             "audio_x_realtime_per_core": (audio_s * len(variants) / (cpu - gen_cpu)
+                                           if cpu > gen_cpu else 0.0),
+             "concurrency": concurrency,
+             "mean_vad_batch": stats.windows / stats.batches if stats.batches else 0.0}
     return results, speed
 
 
@@ -311,10 +320,12 @@ def report_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         for value, row in values.items():
             lines.append(f"| {value} | " + " | ".join(_cell(row[v]) for v in variants) + " |")
     s = meta["speed"]
-    lines += ["", f"Speed: {s['replays_per_cpu_s']:.1f} replays per CPU second "
+    lines += ["", f"Speed: {s['replays_per_cpu_s']:.1f} replays per CPU second of replay "
                   f"({s['audio_x_realtime_per_core']:.0f}x real time per core; "
                   f"{s['audio_s_per_call']:.1f} s of audio per call), {s['wall_s']:.0f} s wall, "
-                  f"{s['cpu_s']:.0f} s CPU."]
+                  f"{s['cpu_s']:.0f} s CPU ({s['simulate_cpu_s']:.0f} s of it simulating); "
+                  f"{s['concurrency']} calls at once, mean VAD batch "
+                  f"{s['mean_vad_batch']:.1f} windows."]
     return "\n".join(lines) + "\n"
 
 

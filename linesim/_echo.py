@@ -70,7 +70,11 @@ class EchoPath:
     def render(self, bot: Floats) -> Floats:
         """The echo on the caller's track for ``bot`` on the same timeline (same length)."""
         n = len(bot)
-        shaped = np.convolve(self._speaker(bot), np.asarray(self.ir))[:n]
+        # FFT convolution: np.convolve of a 15 s call with a 60 ms response took 13 ms a call.
+        ir = np.asarray(self.ir)
+        size = 1 << int(np.ceil(np.log2(n + len(ir))))
+        shaped = np.fft.irfft(np.fft.rfft(self._speaker(bot), size) * np.fft.rfft(ir, size),
+                              size)[:n]
         bot_level = active_level_dbfs(bot)
         base_level = active_level_dbfs(shaped)
         if bot_level <= -100 or base_level <= -100:
