@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -536,7 +536,3 @@ def _background(cond: Condition, split: Split, lib: VoiceLibrary, rng: np.random
             mix.events.append({"kind": "dtmf", "digit": digit, "start_ms": _ms(at),
                                "end_ms": _ms(at + len(x)), "source": "synthetic"})
             at += len(x) + int(rng.uniform(70, 250)) * 8
-
-
-def with_name(cond: Condition, **changes: Any) -> Condition:
-    return replace(cond, **changes)

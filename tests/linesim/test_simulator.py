@@ -35,7 +35,7 @@ ECHO_ONLY = Condition(erl_db=12, delay_ms=230, behaviour="echo_only")
 def test_same_seed_same_bytes_other_seed_other_bytes(library: VoiceLibrary, tmp_path: Path) -> None:
     conds = [Condition(background="babble"), Condition(background="dtmf", behaviour="echo_only")]
     a = generate(tmp_path / "a", split="train", seed=7, count=2, conditions=conds, library=library)
-    b = generate(tmp_path / "b", split="train", seed=7, count=2, conditions=conds, library=library)
+    generate(tmp_path / "b", split="train", seed=7, count=2, conditions=conds, library=library)
     c = generate(tmp_path / "c", split="train", seed=8, count=2, conditions=conds, library=library)
     files_a = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert files_a == sorted(p.name for p in (tmp_path / "b").iterdir())
