@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import json
 import statistics
@@ -174,6 +175,107 @@ async def _replay_one(call: SimCall, path: Path, settings: Any, engine: Any) -> 
     return timeline.events
 
 
+async def _replay_closed(call: SimCall, settings: Any, engine: Any) -> list[dict[str, Any]]:
+    """Replay ``call`` with its echo made from what the gateway actually played.
+
+    The same loop as ``gateway.replay.replay`` (lock-step on the media clock, the bot turns
+    spoken at their labelled times, :class:`gateway.twilio_sim.TwilioPlayout` standing in for
+    Twilio's queue and marks), except that each inbound frame is built when it is due: the call's
+    echo-free track (``SimCall.rest``) plus the echo path's response to the audio Twilio played up
+    to the end of that frame. A ``clear`` therefore silences the echo one path delay later, as on
+    a real line, where a recording's echo would go on. A second TwilioPlayout fed the same frames
+    tells what plays during the frame ahead (nothing the gateway does at the frame's end can
+    change that)."""
+    from bus import EmbeddedBus, EmbeddedHub
+    from gateway import twilio_protocol as tp
+    from gateway.audio import ulaw_to_float32
+    from gateway.call import CallSession
+    from gateway.timeline import Timeline
+    from gateway.twilio_sim import TwilioPlayout
+    from linesim._dsp import encode_ulaw
+
+    assert call.rest is not None and call.echo_path is not None
+    echo = call.echo_path.stream(ulaw_to_float32(call.bot).astype(float))
+    timeline = Timeline()
+    bus = EmbeddedBus(hub=EmbeddedHub())
+    outbox: list[str] = []
+
+    async def send(text: str) -> None:
+        outbox.append(text)
+
+    turns = bot_turns(call)
+    dtmf_after: dict[int, list[str]] = {}
+    for ev in call.labels["events"]:
+        if ev["kind"] == "dtmf":
+            dtmf_after.setdefault((int(round(ev["end_ms"] * 8)) - 1) // 160 + 1, []).append(
+                ev["digit"])
+    frames = len(call.rest) // 160
+    stream_sid = "MZ" + call.name.encode().hex()[:32].ljust(32, "0")
+    call_sid = "CA" + stream_sid[2:]
+    await bus.start()
+    try:
+        session = CallSession(send=send, bus=bus, vad=engine, settings=settings,
+                              timeline=timeline, transcribe_inline=True)
+        playout = TwilioPlayout(stream_sid=stream_sid)
+        shadow = TwilioPlayout(stream_sid=stream_sid, keep_audio=True)
+        heard = 0  # bytes of the shadow's played audio placed on the echo's timeline
+
+        async def deliver(echoes: list[str]) -> None:
+            queue = list(echoes)
+            while queue or outbox:
+                while outbox:
+                    text = outbox.pop(0)
+                    queue.extend(playout.receive(text, at_ms=session.now_ms))
+                    shadow.receive(text, at_ms=session.now_ms)
+                if queue:
+                    await session.handle_text(queue.pop(0))
+
+        await session.handle_text(tp.build_connected())
+        await session.handle_text(tp.build_start(sequence_number=1, stream_sid=stream_sid,
+                                                 account_sid=call.account_sid, call_sid=call_sid))
+        await deliver([])
+        seq = 2
+        for c in range(1, frames + 1):
+            t = (c - 1) * 20
+            await deliver(playout.advance(t))
+            while turns and turns[0].start_ms <= t + 10:
+                turn = turns.pop(0)
+                for event in ({"type": "utterance_start", "utterance_id": turn.utterance_id,
+                               "node": turn.node, "interruptible": turn.interruptible,
+                               "text": turn.text},
+                              {"type": "audio", "utterance_id": turn.utterance_id,
+                               "payload": base64.b64encode(turn.audio).decode()},
+                              {"type": "utterance_end", "utterance_id": turn.utterance_id}):
+                    await session.handle_downlink(event)
+                await deliver([])
+            # What Twilio plays in [t, t + 20): audio only ever starts on a frame boundary (it
+            # arrives at the media clock's frame ends), so the frame's new audio starts at t.
+            shadow.advance(t + 20)
+            played = bytes(shadow.stats.played[heard:])
+            heard += len(played)
+            echo.play(t * 8, ulaw_to_float32(played).astype(float))
+            a, b = (c - 1) * 160, c * 160
+            payload = encode_ulaw(call.rest[a:b] + echo.echo(a, b))
+            await session.handle_text(tp.build_media(sequence_number=seq, stream_sid=stream_sid,
+                                                     chunk=c, timestamp_ms=t, payload=payload))
+            seq += 1
+            if session.ended:
+                break
+            await asyncio.sleep(0)  # let the other calls' frames in: VAD batches form
+            await deliver([])
+            for digit in dtmf_after.get(c, []):
+                await session.handle_text(tp.build_dtmf(sequence_number=seq,
+                                                        stream_sid=stream_sid, digit=digit))
+                seq += 1
+                await deliver([])
+        await session.handle_text(tp.build_stop(sequence_number=seq, stream_sid=stream_sid,
+                                                account_sid=call.account_sid, call_sid=call_sid))
+        await session.end("replay_finished")
+    finally:
+        await bus.aclose()
+    return timeline.events
+
+
 @dataclass
 class CallResult:
     condition: str
@@ -183,7 +285,7 @@ class CallResult:
 
 
 async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurrency: int,
-               runtime: str) -> tuple[list[CallResult], dict[str, float]]:
+               runtime: str, loop: str = "closed") -> tuple[list[CallResult], dict[str, float]]:
     from vad import VadEngine
 
     settings = {v.name: call_settings(v) for v in variants}
@@ -205,16 +307,20 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
                     if call is None:
                         return
                     path = Path(tmp) / f"{call.name}.twilio.jsonl"
-                    path.write_text("\n".join(call.messages()) + "\n")
+                    if loop == "open":
+                        path.write_text("\n".join(call.messages()) + "\n")
                     audio_s += call.labels["duration_ms"] / 1000
                     n_calls += 1
                     cond = call.labels["condition"]
                     echo_only = call.labels["condition_params"]["behaviour"] == "echo_only"
                     for v in variants:
-                        events = await _replay_one(call, path, settings[v.name], engine)
+                        if loop == "open":
+                            events = await _replay_one(call, path, settings[v.name], engine)
+                        else:
+                            events = await _replay_closed(call, settings[v.name], engine)
                         results.append(CallResult(cond, v.name, echo_only,
                                                   scoring.score(call.labels, events)))
-                    path.unlink()
+                    path.unlink(missing_ok=True)
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             stats = engine.stats
@@ -296,8 +402,8 @@ def _cell(a: dict[str, Any]) -> str:
 def report_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     variants = list(summary["variants"])
     lines = [f"Split `{meta['split']}`, grid `{meta['grid']}`, {meta['calls_per_point']} calls per "
-             f"point, seed {meta['seed']}: {meta['speed']['calls']} calls, "
-             f"{meta['speed']['replays']} replays.",
+             f"point, seed {meta['seed']}, {meta['speed'].get('loop', 'closed')} loop: "
+             f"{meta['speed']['calls']} calls, {meta['speed']['replays']} replays.",
              "",
              "Cells: detected/expected barge-ins, latency p50/p95 ms, FS = calls with a false "
              "stop, FI = calls with a false interrupt (the evaluator's rules).",
@@ -331,12 +437,16 @@ def report_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
 
 def run_bench(*, split: str, conditions: Sequence[Condition], calls_per_point: int, seed: int,
               variants: Sequence[Variant], concurrency: int = 32, runtime: str = "onnx",
-              library: VoiceLibrary | None = None) -> dict[str, Any]:
+              library: VoiceLibrary | None = None, loop: str = "closed") -> dict[str, Any]:
     """Simulate, replay and score; returns the JSON report (summary, per-call verdicts, speed)."""
     count = len(conditions) * calls_per_point
     calls = iter_calls(list(conditions), split=split,  # type: ignore[arg-type]
                        seed=seed, count=count, library=library)
-    results, speed = asyncio.run(_run(calls, variants, concurrency=concurrency, runtime=runtime))
+    if loop not in ("open", "closed"):
+        raise ValueError(f"loop must be open or closed, got {loop!r}")
+    results, speed = asyncio.run(_run(calls, variants, concurrency=concurrency, runtime=runtime,
+                                      loop=loop))
+    speed["loop"] = loop  # type: ignore[assignment]
     return {"summary": summarize(results, conditions, variants), "speed": speed,
             "calls": [dataclasses.asdict(r) for r in results]}
 
@@ -389,7 +499,7 @@ def _truth(labels: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
 
 
 def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | None = None,
-                    runtime: str = "onnx") -> list[dict[str, Any]]:
+                    runtime: str = "onnx", loop: str = "closed") -> list[dict[str, Any]]:
     """Every VAD window of every recording as the decision saw it, with the truth beside it.
 
     ``recordings``: simulated calls, or label files (``NAME.json`` beside ``NAME.twilio.jsonl``
@@ -399,6 +509,8 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
     (``caller_speech``, ``backchannel``, ``echo``, ``dtmf``, ``bot_playing``). The readings
     depend on what the bot played, so they are those of a call run under ``variant`` (default:
     the configured decision); a fitted decision that stops the bot elsewhere changes them.
+    ``loop``: ``closed`` (simulated calls only: the echo follows what was played) or ``open``
+    (the recording as written; label files are always replayed so).
     """
     from gateway.replay import load_bot_script, replay
     from vad import VadEngine
@@ -413,13 +525,17 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
                     if isinstance(rec, SimCall):
                         labels, turns = rec.labels, bot_turns(rec)
                         path = Path(tmp) / f"{rec.name}.twilio.jsonl"
-                        path.write_text("\n".join(rec.messages()) + "\n")
+                        if loop == "open":
+                            path.write_text("\n".join(rec.messages()) + "\n")
                     else:
                         labels = json.loads(Path(rec).read_text())
                         turns = load_bot_script(Path(rec))
                         path = Path(rec).with_suffix(".twilio.jsonl")
                     spy = _RecordingEngine(engine)
-                    await replay(path, bot_script=turns, settings=settings, vad=spy)
+                    if isinstance(rec, SimCall) and loop == "closed":
+                        await _replay_closed(rec, settings, spy)
+                    else:
+                        await replay(path, bot_script=turns, settings=settings, vad=spy)
                     for w in spy.windows:
                         t1 = w.end_sample / 8
                         row: dict[str, Any] = {"recording": labels["name"],
@@ -452,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variant", action="append", metavar="NAME[:KEY=VALUE,...]",
                     help="decision variants to compare (default: plain_silero and configured)")
+    ap.add_argument("--loop", choices=("closed", "open"), default="closed",
+                    help="closed: the echo follows what the gateway played (a clear silences "
+                         "it); open: replay the recordings as written, as eval_bargein.py does")
     ap.add_argument("--concurrency", type=int, default=32, help="calls replayed at once")
     ap.add_argument("--vad-runtime", choices=("onnx", "torchscript"), default="onnx")
     ap.add_argument("--out-json", type=Path, default=Path("robustness.json"))
@@ -468,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_bench(split=args.split, conditions=conditions,
                            calls_per_point=args.calls_per_point, seed=args.seed,
                            variants=variants, concurrency=args.concurrency,
-                           runtime=args.vad_runtime)
+                           runtime=args.vad_runtime, loop=args.loop)
     except (VariantError, ConditionError, ValueError, OSError) as exc:
         print(f"bench.robustness: {exc}", file=sys.stderr)
         return 2

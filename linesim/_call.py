@@ -133,6 +133,10 @@ class SimCall:
     inbound: bytes = field(repr=False)
     bot: bytes = field(repr=False)
     account_sid: str = field(repr=False, default="")
+    rest: Floats | None = field(repr=False, default=None, compare=False)
+    """Everything on the caller's track but the echo (band-limited, float), for closed-loop
+    replays (``bench.robustness``), where the echo follows what the gateway actually played."""
+    echo_path: EchoPath | None = field(repr=False, default=None, compare=False)
 
     def messages(self) -> list[str]:
         """The call as the WebSocket messages Twilio sends (README: connected, start, one media
@@ -409,7 +413,8 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
     hiss = rng.standard_normal(n)
     hiss = band_limit(hiss)
     hiss *= 10 ** (hiss_db / 20) / (np.sqrt(np.mean(hiss**2)) + 1e-12)
-    line = band_limit(mix.caller[:n] + mix.background[:n] + echo) + hiss
+    rest = band_limit(mix.caller[:n] + mix.background[:n]) + hiss
+    line = rest + band_limit(echo)
     inbound = encode_ulaw(line)
     outbound = encode_ulaw(bot)
 
@@ -437,7 +442,8 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
         "simulator": {"seed": seed, "index": index, "bot_voice": f"espeak-ng:{bot_voice}"},
     }
     account = "AC" + hashlib.sha256(f"linesim:{seed}".encode()).hexdigest()[:32]
-    return SimCall(name=name, labels=labels, inbound=inbound, bot=outbound, account_sid=account)
+    return SimCall(name=name, labels=labels, inbound=inbound, bot=outbound, account_sid=account,
+                   rest=rest, echo_path=path)
 
 
 def _changed(cond: Condition) -> tuple[float, float]:
