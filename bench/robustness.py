@@ -13,7 +13,8 @@ field of ``CallSettings`` (``dtmf_interrupts``), of its ``barge_in`` (``barge_in
   stop is an interrupt (the strong-energy, voiced and band paths are off, the echo/noise gate
   passes everything, no resume on backchannel). Rules that live outside the settings (in
   ``gateway/call.py``, e.g. DTMF handling) still apply;
-* ``configured``: the decision as the code and ``config/`` configure it today (the defaults).
+* ``configured``: the decision as the code and ``config/`` configure it today (the defaults);
+* ``no_resume``: the same with ``resume_on_backchannel`` off (every pause commits).
 
 More can be added to :data:`VARIANTS` or given with ``--variant NAME:KEY=VALUE,KEY=VALUE``
 (values are JSON, or plain strings).
@@ -91,6 +92,8 @@ VARIANTS: dict[str, Variant] = {
         "Silero p >= 0.5 for 2 windows stops the bot; no gate; no resume",
     ),
     "configured": Variant("configured", {}, "today's decision (the settings' defaults)"),
+    "no_resume": Variant("no_resume", {"barge_in.resume_on_backchannel": False},
+                         "today's decision, but every pause commits (no resume)"),
 }
 
 

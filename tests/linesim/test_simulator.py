@@ -255,3 +255,13 @@ def test_payload_of_a_media_message_is_160_bytes(library: VoiceLibrary) -> None:
     call = simulate_call(ECHO_ONLY, split="train", seed=0, index=0, library=library)
     media = [json.loads(m) for m in call.messages() if '"event":"media"' in m]
     assert {len(base64.b64decode(m["media"]["payload"])) for m in media} == {160}
+
+
+def test_public_names_resolve() -> None:
+    import linesim
+    import linesim.scoring
+
+    for module in (linesim, linesim.scoring):
+        assert len(module.__all__) == len(set(module.__all__))
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.__all__ names missing {name!r}"
