@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import base64
 import dataclasses
+import hashlib
 import json
 import statistics
 import sys
@@ -213,8 +214,8 @@ async def _replay_closed(call: SimCall, settings: Any, engine: Any) -> list[dict
             dtmf_after.setdefault((int(round(ev["end_ms"] * 8)) - 1) // 160 + 1, []).append(
                 ev["digit"])
     frames = len(call.rest) // 160
-    stream_sid = "MZ" + call.name.encode().hex()[:32].ljust(32, "0")
-    call_sid = "CA" + stream_sid[2:]
+    digest = hashlib.sha256(call.name.encode()).hexdigest()
+    stream_sid, call_sid = f"MZ{digest[:32]}", f"CA{digest[32:64]}"  # as SimCall.messages()
     await bus.start()
     try:
         session = CallSession(send=send, bus=bus, vad=engine, settings=settings,
