@@ -318,8 +318,8 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
         mix.grow(at + len(clip.samples) + RATE)
         mix.place(mix.caller, clip.samples * 10 ** (gain_db / 20), at)
         mix.events.append(_speech_event("speech", clip, at, gain_db))
-        speech_spans.append((at, at + len(clip.samples)))
-        if clip.bed is not None:
+        if clip.bed is not None:  # a real clip: its own room tone comes with it
+            speech_spans.append((at, at + len(clip.samples)))
             bed, bed_gain_db = clip, gain_db
     elif cond.behaviour == "backchannel":
         for turn_i in range(len(turns)):
@@ -339,9 +339,10 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
             gain_db = caller_level - clip.level_dbfs
             mix.place(mix.caller, clip.samples * 10 ** (gain_db / 20), at)
             mix.events.append(_speech_event("backchannel", clip, at, gain_db))
-            speech_spans.append((at, at + len(clip.samples)))
-            if clip.bed is not None and bed is None:
-                bed, bed_gain_db = clip, gain_db
+            if clip.bed is not None:
+                speech_spans.append((at, at + len(clip.samples)))
+                if bed is None:
+                    bed, bed_gain_db = clip, gain_db
 
     # Duration: the bot's turns, their last echo and the caller, plus a little, in whole 20 ms
     # frames (background bursts and keys are placed inside bot turns).
@@ -363,7 +364,9 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
     if tone is not None:
         y = _loop(tone, mix.n, rng) * 10 ** (tone_gain / 20)
         keep = np.ones(mix.n)
-        for a, b in speech_spans:  # the clip carries its own room tone: no doubling, no step
+        # Real clips carry their own room tone: the bed fades out under them (no doubling, no
+        # step); eSpeak clips are silent around the voice and get the bed throughout.
+        for a, b in speech_spans:
             a, b = max(0, a), min(mix.n, b)
             keep[a:b] = 0.0
             r = min(240, (b - a) // 2)
@@ -375,7 +378,6 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
                            "level_dbfs": round(active_level_dbfs(y[:n]), 1)})
 
     _background(cond, split, lib, rng, mix, bot_labels, caller_level, n)
-
 
     # The echo path.
     change_ms = None
