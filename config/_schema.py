@@ -287,6 +287,10 @@ class BargeInConfig(_Model):
     (``bench/load.py --chunk-ms``)."""
     dtmf_interrupts: bool = True
     """A key press interrupts an interruptible utterance like speech does."""
+    echo_canceller: Literal["aec3", "off"] = "aec3"
+    """WebRTC AEC3 in front of the VAD while bot audio can be echoing (``vad/_aec.py``), or
+    ``off``: the echo gate alone, the decision before issue #12 (docs/bargein.md compares
+    them)."""
     speech_over_uninterruptible: Literal["keep", "drop"] = "keep"
     """What the caller said over a non-interruptible utterance: keep it as a turn, or drop it."""
 

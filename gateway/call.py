@@ -29,12 +29,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from bus import Bus, CallInfo
 from vad import (
+    AecMode,
     BargeInPolicy,
     BargeInSettings,
     BotState,
     Decision,
+    EchoCanceller,
+    EchoCancellerSettings,
     EchoGateSettings,
     PolicyState,
     VadEngine,
@@ -50,6 +55,7 @@ __all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
 
 log = logging.getLogger("callgate.call")
 
+_NO_SAMPLES = np.zeros(0, dtype=np.float32)
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
 
@@ -69,6 +75,10 @@ class CallSettings:
 
     barge_in: BargeInSettings = field(default_factory=BargeInSettings)
     echo: EchoGateSettings = field(default_factory=EchoGateSettings)
+    echo_canceller: AecMode = AecMode.AEC3
+    """The echo canceller in front of the VAD (``vad/_aec.py``); ``OFF`` is the echo gate alone,
+    the decision before issue #12 (kept selectable so both can be measured in one run)."""
+    aec: EchoCancellerSettings = field(default_factory=EchoCancellerSettings)
     playback_lead_ms: float = 240.0
     """How much bot audio may sit in Twilio's buffer (what a `clear` throws away)."""
     chunk_ms: int = 40
@@ -127,6 +137,8 @@ class CallSession:
         self._authorize = authorize or _accept_any
         self._on_end = on_end
         self._stream: VadStream | None = None
+        self._aec: EchoCanceller | None = None
+        self._cancelled: VadStream | None = None  # the VAD of the echo-cancelled audio
         self._media_end_ms = 0.0
         self._paused_utterance: str | None = None
         self._over_uninterruptible = False
@@ -212,6 +224,9 @@ class CallSession:
             log, {"call_sid": info.call_sid, "stream_sid": msg.stream_sid}
         )
         self._stream = self._vad.open_stream(echo=self.settings.echo)
+        if self.settings.echo_canceller is AecMode.AEC3:
+            self._aec = EchoCanceller(self.settings.aec)
+            self._cancelled = self._vad.open_stream()
         if self._transcriber_for is not None:
             self._transcriber = self._transcriber_for(info)
         self.phase = CallPhase.STREAMING
@@ -239,9 +254,19 @@ class CallSession:
         # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
         # frame completes at most one window, so this is the state after the previous window.
         stream.gate_adapt = self.policy.state is PolicyState.IDLE
-        for r in await stream.process(samples):
+        cancelled = self._cancelled
+        if cancelled is not None and self._aec is not None:
+            # Silero also hears the frame with the bot's echo removed (a second stream on the
+            # same engine, scored in the same batch): the policy's echo veto (vad/_policy.py).
+            end = int(round(self._media_end_ms * TELEPHONY_RATE / 1000))
+            cancelled.push(self._aec.process(end - len(samples), samples))
+        results = await stream.process(samples)
+        clean = await cancelled.process(_NO_SAMPLES) if cancelled is not None else []
+        for k, r in enumerate(results):
             assert r.gate is not None and r.features is not None
-            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state()):
+            p_clean = clean[k].prob if k < len(clean) else None
+            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state(),
+                                      clean_prob=p_clean):
                 await self._decide(d)
         await self._pump()
 
@@ -336,8 +361,11 @@ class CallSession:
 
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
+        at = int(self.now_ms * TELEPHONY_RATE / 1000)
         if self._stream is not None:
-            self._stream.clear_reference_from(int(self.now_ms * TELEPHONY_RATE / 1000))
+            self._stream.clear_reference_from(at)
+        if self._aec is not None:
+            self._aec.clear_reference_from(at)
         self.emit("clear_sent", **fields)
 
     async def _interrupt(self, *, reason: str) -> None:
@@ -434,7 +462,10 @@ class CallSession:
         await self._send(tp.mark_message(self.stream_sid, chunk.mark))
         if self._stream is not None:
             start = int(round(chunk.play_at_ms * TELEPHONY_RATE / 1000))
-            self._stream.add_reference(start, ulaw_to_float32(chunk.payload))
+            played = ulaw_to_float32(chunk.payload)
+            self._stream.add_reference(start, played)
+            if self._aec is not None:
+                self._aec.add_reference(start, played)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def end(self, reason: str) -> None:
@@ -446,6 +477,10 @@ class CallSession:
         self.playback.stop_all()
         if self._stream is not None:
             self._stream.close()
+        if self._aec is not None:
+            self._aec.close()
+        if self._cancelled is not None:
+            self._cancelled.close()
         if self._stt_stream is not None:
             self._stt_stream.close()
             self._stt_stream = None

@@ -37,7 +37,7 @@ from aiohttp import WSMsgType, web
 from twilio.twiml.voice_response import Connect, Say, Stream, VoiceResponse
 
 from bus import Bus, CallInfo
-from vad import BargeInSettings, EchoGateSettings, VadEngine
+from vad import AecMode, BargeInSettings, EchoGateSettings, VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
@@ -371,6 +371,7 @@ def call_settings_from(barge_in: Any) -> CallSettings:
                                  resume_on_backchannel=b.resume_on_backchannel,
                                  band_snr_db=b.band_snr_db),
         echo=EchoGateSettings(echo_margin_db=b.echo_margin_db, noise_margin_db=b.noise_margin_db),
+        echo_canceller=AecMode(b.echo_canceller),
         playback_lead_ms=b.playback_lead_ms,
         chunk_ms=b.playback_chunk_ms,
         dtmf_interrupts=b.dtmf_interrupts,

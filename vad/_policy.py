@@ -72,6 +72,16 @@ class BargeInSettings:
     """A pause never lasts longer than this without a decision (then: commit if speech)."""
     resume_on_backchannel: bool = True
     """False: every pause commits (no resume); for agents that prefer to stop on any speech."""
+    clean_p_min: float = 0.3
+    """With an echo canceller in front (``clean_prob`` given to :meth:`BargeInPolicy.step`): a
+    window Silero scores under this once the bot's echo is removed is the bot's echo, whatever
+    the raw window looked like, unless the line is known to be echo-free (AEC3 then attenuates
+    the caller instead: its suppressor stays conservative on a line with no echo to learn)."""
+    clean_veto_db: float = 15.0
+    """... and unless the window stands this far over the gate's predicted echo."""
+    clean_veto_locked: bool = False
+    """Apply that veto on a line whose echo delay the gate has locked too (path changes that
+    the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
 
 
 class BotState(enum.Enum):
@@ -118,8 +128,29 @@ class BargeInPolicy:
         onset estimate that barge-in latency metrics are measured from."""
         return self._run_start * WINDOW_MS
 
-    def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+    def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
+                  clean_prob: float | None = None) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
+        if not self._is_caller(prob, gate, feat):
+            return False
+        return clean_prob is None or not self.echo_veto(clean_prob, gate)
+
+    def echo_veto(self, clean_prob: float, gate: GateReading) -> bool:
+        """With an echo canceller in front: is this window, which the raw reading took for the
+        caller, the bot's echo after all? Only where the gate cannot tell by itself: its echo
+        path not (or no longer) locked, the line not known to be echo-free, and the window
+        not far above the worst-case echo the gate predicts. Elsewhere the gate decides alone:
+        AEC3's suppressor also holds down the first 100-150 ms of a caller talking over the
+        echo (-26 dBFS in, -63..-36 out on ``echo_plus_barge_in``), and on a line with no echo
+        it never converges and keeps 30-40 dB off the caller while the bot talks."""
+        s = self.settings
+        if gate.echo_free or clean_prob >= s.clean_p_min:
+            return False
+        if gate.echo_locked and not s.clean_veto_locked:
+            return False
+        return gate.level_db - gate.echo_db < s.clean_veto_db
+
+    def _is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
         s = self.settings
         if gate.passes:
             if prob >= s.p_on:
@@ -154,10 +185,13 @@ class BargeInPolicy:
         )
 
     def step(
-        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotState
+        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotState,
+        *, clean_prob: float | None = None,
     ) -> list[Decision]:
+        """One window: Silero's ``prob``, the gate, the features, what the bot is doing, and
+        (with an echo canceller in front) Silero's probability on the echo-cancelled window."""
         s = self.settings
-        caller = self.is_caller(prob, gate, feat)
+        caller = self.is_caller(prob, gate, feat, clean_prob)
         speechy = caller or prob >= s.p_off and gate.passes
         out: list[Decision] = []
         self._run = self._run + 1 if caller else 0
