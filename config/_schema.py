@@ -294,6 +294,12 @@ class BargeInConfig(_Model):
     speech_over_uninterruptible: Literal["keep", "drop"] = "keep"
     """What the caller said over a non-interruptible utterance: keep it as a turn, or drop it."""
 
+    @field_validator("echo_canceller", mode="before")
+    @classmethod
+    def _off_is_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false: `echo_canceller: off` means what it says.
+        return "off" if value is False else value
+
     @model_validator(mode="after")
     def _check_hysteresis(self) -> BargeInConfig:
         if self.p_off > self.p_on:

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -29,6 +30,19 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _settings_from_config(args: argparse.Namespace) -> dict[str, Any]:
+    """A bot-script replay with ``--config``: the default agent's barge-in settings apply (how
+    two decisions are compared on the same recordings); without it, the built-in defaults."""
+    if args.config is None:
+        return {}
+    from config import ConfigHolder
+
+    from .server import call_settings_from
+
+    cfg = ConfigHolder(args.config).current
+    return {"settings": call_settings_from(cfg.agents[cfg.default_agent].barge_in)}
+
+
 def _replay(args: argparse.Namespace) -> int:
     from config import ConfigError
 
@@ -36,7 +50,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     try:
         turns = load_bot_script(args.bot_script) if args.bot_script else None
-        extra = {} if turns is not None else _agent_from_config(args)
+        extra = _settings_from_config(args) if turns is not None else _agent_from_config(args)
         out = open(args.events_out, "w") if args.events_out else None  # noqa: SIM115
         try:
             timeline, playout = asyncio.run(

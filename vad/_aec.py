@@ -31,6 +31,7 @@ where each frame sits on the inbound track.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -95,7 +96,8 @@ class EchoCanceller:
         self._active_e = (10 ** (s.active_dbfs / 20) * _SCALE) ** 2
         self._ref_lo = 0  # oldest sample the ring still holds for reading (the inbound clock)
         self._ref_hi = 0  # one past the last sample written
-        self._audible_until = -(10**12)  # one past the last audible reference sample
+        # Stretches [lo, hi) of audible reference, in order, merged across gaps under hold_ms.
+        self._audible: deque[list[int]] = deque()
         self.frames_processed = 0
         """10 ms frames that went through AEC3 (the rest passed untouched)."""
         self.frames_bypassed = 0
@@ -114,16 +116,20 @@ class EchoCanceller:
         pcm = np.clip(np.round(x * _SCALE), -32768, 32767).astype(np.int16)
         self._write(lo, pcm, add=True)
         self._ref_hi = max(self._ref_hi, hi)
-        # Audible: the last 10 ms block of the audio above the activity floor.
+        # Audible: from the first to the last 10 ms block above the activity floor.
         e = pcm.astype(np.float64) ** 2
-        nb = len(e) // FRAME
-        if nb:
-            blocks = e[: nb * FRAME].reshape(nb, FRAME).mean(axis=1)
-            loud = np.flatnonzero(blocks > self._active_e)
-            if len(loud):
-                self._audible_until = max(self._audible_until, lo + (int(loud[-1]) + 1) * FRAME)
-        elif e.mean() > self._active_e:
-            self._audible_until = max(self._audible_until, hi)
+        nb = -(-len(e) // FRAME)
+        blocks = np.add.reduceat(e, np.arange(0, nb * FRAME, FRAME)) / FRAME
+        loud = np.flatnonzero(blocks > self._active_e)
+        if len(loud):
+            a = lo + int(loud[0]) * FRAME
+            b = min(hi, lo + (int(loud[-1]) + 1) * FRAME)
+            spans = self._audible
+            if spans and a <= spans[-1][1] + self._hold:
+                spans[-1][1] = max(spans[-1][1], b)
+                spans[-1][0] = min(spans[-1][0], a)
+            else:
+                spans.append([a, b])
 
     def clear_reference_from(self, sample: int) -> None:
         """The bot's audio from inbound sample ``sample`` on was cancelled (a Twilio ``clear``)."""
@@ -131,7 +137,11 @@ class EchoCanceller:
         if lo < self._ref_hi:
             self._write(lo, np.zeros(self._ref_hi - lo, dtype=np.int16), add=False)
         self._ref_hi = min(self._ref_hi, max(sample, self._ref_lo))
-        self._audible_until = min(self._audible_until, sample)
+        spans = self._audible
+        while spans and spans[-1][0] >= sample:
+            spans.pop()
+        if spans:
+            spans[-1][1] = min(spans[-1][1], sample)
 
     def _write(self, start: int, pcm: npt.NDArray[np.int16], *, add: bool) -> None:
         a = start & _MASK
@@ -160,9 +170,13 @@ class EchoCanceller:
         return out
 
     # -- the inbound track ------------------------------------------------------------------
-    def active_at(self, sample: int) -> bool:
-        """Whether bot audio can be echoing at inbound sample ``sample``."""
-        return sample < self._audible_until + self._hold
+    def active_at(self, sample: int, n: int = FRAME) -> bool:
+        """Whether bot audio can be echoing in inbound samples ``[sample, sample + n)``: some
+        audible bot audio plays before their end and ended at most ``hold_ms`` before them."""
+        spans = self._audible
+        while spans and spans[0][1] + self._hold <= sample:
+            spans.popleft()  # over for good: the inbound clock only moves on
+        return bool(spans) and spans[0][0] < sample + n
 
     def process(self, start_sample: int, samples: npt.NDArray[np.float32]
                 ) -> npt.NDArray[np.float32]:
@@ -178,7 +192,7 @@ class EchoCanceller:
             self._read(self._ref_lo, skip)
         self._ref_lo = start_sample + n
         nf = n // FRAME
-        if nf == 0 or not self.active_at(start_sample):
+        if nf == 0 or not self.active_at(start_sample, n):
             if nf:
                 self._read(start_sample, nf * FRAME)
             self.frames_bypassed += nf

@@ -126,6 +126,9 @@ class GateReading:
     """The bot has talked long enough to tell, and its echo is not heard on this line."""
     band_snr_db: float = 0.0
     """Power in the upper speech band over that band's noise floor (dB; 0 until known)."""
+    ref_db: float = -100.0
+    """The loudest bot audio played in the window's lag range (0 to ``max_lag_ms`` back), per
+    hop, averaged over the window (dBFS): the worst-case echo before any loss is assumed."""
 
     @property
     def over_echo_db(self) -> float:
@@ -403,9 +406,12 @@ class EchoGateBank:
             & (level >= noise_db + s.noise_margin_db)
             & (level >= echo_db + s.echo_margin_db)
         )
+        pmax = pred_max.mean(axis=1)
+        ref_db = np.where(pmax > 0, _db(pmax), _FLOOR_DB)
         return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
                                              locked.tolist(), passes.tolist(),
-                                             echo_free.tolist(), band_snr.tolist(), strict=True)]
+                                             echo_free.tolist(), band_snr.tolist(),
+                                             ref_db.tolist(), strict=True)]
 
     def _band_snr(self, rows: np.ndarray, x: Floats, adapt: npt.NDArray[np.bool_],
                   spectrum: Floats | None) -> Floats:

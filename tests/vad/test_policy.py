@@ -62,3 +62,36 @@ def test_band_floor_tracks_noise_and_holds_while_the_caller_talks() -> None:
     assert min(r.band_snr_db for r in held) > 10.0  # the floor did not move towards the voice
     learnt = [bank.process(row, window(True), np.array([True]))[0] for _ in range(200)]
     assert learnt[-1].band_snr_db < 3.0  # left to adapt, it takes a steady tone for the floor
+
+
+# -- the echo veto (an echo canceller in front: Silero's probability on the cancelled window) ---
+# A window the raw reading takes for the caller: Silero sure, the gate open, 10 dB over the
+# gate's predicted echo, the echo path locked (but maybe wrong: a path that just changed).
+RAW_CALLER = GateReading(level_db=-26.0, echo_db=-36.0, noise_db=-60.0, echo_locked=True,
+                         passes=True)
+
+
+def test_echo_veto_holds_what_the_canceller_removed() -> None:
+    policy = BargeInPolicy()
+    assert policy.is_caller(0.98, RAW_CALLER, VOICED)  # no canceller: the caller
+    assert not policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.02)  # it was echo
+    assert policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.9)  # still speech: caller
+    for _ in range(10):  # echo-only windows never start speech nor pause the bot
+        assert policy.step(0.98, RAW_CALLER, VOICED, BotState.INTERRUPTIBLE,
+                           clean_prob=0.02) == []
+
+
+@pytest.mark.parametrize("gate", [
+    replace(RAW_CALLER, echo_free=True),  # no echo on this line: AEC3 holds down the caller
+    replace(RAW_CALLER, level_db=-20.0),  # 16 dB over even the predicted echo
+])
+def test_echo_veto_stands_aside_where_the_gate_knows(gate: GateReading) -> None:
+    assert BargeInPolicy().is_caller(0.98, gate, VOICED, clean_prob=0.02)
+
+
+def test_echo_veto_on_locked_lines_is_a_setting() -> None:
+    from vad import BargeInSettings
+    policy = BargeInPolicy(BargeInSettings(clean_veto_locked=False))
+    assert policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.02)
+    assert not policy.is_caller(0.98, replace(RAW_CALLER, echo_locked=False), VOICED,
+                                clean_prob=0.02)
