@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from linesim.cli import add_parser as add_simulate_parser
+
 __all__ = ["main"]
 
 
@@ -159,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk = cfg_sub.add_parser("check", help="validate a config file and print a summary")
     chk.add_argument("path", nargs="?", type=Path, default=None)
     chk.set_defaults(fn=_config_check)
+    add_simulate_parser(sub)
     return p
 
 
