@@ -86,6 +86,7 @@ VARIANTS: dict[str, Variant] = {
             "echo.echo_margin_db": -1000.0,  # the gate passes every window
             "echo.noise_margin_db": -1000.0,
             "echo.min_level_dbfs": -1000.0,
+            "echo_canceller": "off",  # no AEC3 in front either (vad/_aec.py)
         },
         "Silero p >= 0.5 for 2 windows stops the bot; no gate; no resume",
     ),

@@ -224,7 +224,7 @@ class CallSession:
             log, {"call_sid": info.call_sid, "stream_sid": msg.stream_sid}
         )
         self._stream = self._vad.open_stream(echo=self.settings.echo)
-        if self.settings.echo_canceller is AecMode.AEC3:
+        if AecMode(self.settings.echo_canceller) is AecMode.AEC3:  # "aec3" from a variant too
             self._aec = EchoCanceller(self.settings.aec)
             self._cancelled = self._vad.open_stream()
         if self._transcriber_for is not None:

@@ -129,6 +129,8 @@ class GateReading:
     ref_db: float = -100.0
     """The loudest bot audio played in the window's lag range (0 to ``max_lag_ms`` back), per
     hop, averaged over the window (dBFS): the worst-case echo before any loss is assumed."""
+    erl_db: float = 0.0
+    """The echo return loss the prediction used (dB): the locked path's, else the pre-lock one."""
 
     @property
     def over_echo_db(self) -> float:
@@ -411,7 +413,7 @@ class EchoGateBank:
         return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
                                              locked.tolist(), passes.tolist(),
                                              echo_free.tolist(), band_snr.tolist(),
-                                             ref_db.tolist(), strict=True)]
+                                             ref_db.tolist(), erl.tolist(), strict=True)]
 
     def _band_snr(self, rows: np.ndarray, x: Floats, adapt: npt.NDArray[np.bool_],
                   spectrum: Floats | None) -> Floats:

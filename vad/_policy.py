@@ -72,18 +72,29 @@ class BargeInSettings:
     """A pause never lasts longer than this without a decision (then: commit if speech)."""
     resume_on_backchannel: bool = True
     """False: every pause commits (no resume); for agents that prefer to stop on any speech."""
-    clean_p_min: float = 0.3
+    # The echo veto's thresholds below were fitted on the simulator's train split by
+    # ``python -m bench.fit_bargein`` (vad/bargein_fit.json; tests/vad/test_fit.py checks they
+    # are the file's), not tuned by hand. They act only with an echo canceller in front.
+    clean_p_min: float = 0.1
     """With an echo canceller in front (``clean_prob`` given to :meth:`BargeInPolicy.step`): a
     window Silero scores under this once the bot's echo is removed is the bot's echo, whatever
     the raw window looked like, unless the line is known to be echo-free (AEC3 then attenuates
     the caller instead: its suppressor stays conservative on a line with no echo to learn)."""
-    clean_veto_db: float = 15.0
+    clean_veto_db: float = 10.0
     """... and unless the window stands this far over the gate's predicted echo."""
-    worst_erl_db: float | None = None
+    worst_erl_db: float | None = 6.0
     """... and over the worst plausible echo: the loudest bot audio of the last 520 ms less
     this echo return loss (the gate's own prediction can be far too low before its echo path
     locks, or after the path changes). None: no such floor (it costs onset latency where the
     caller is quieter than the bot: dev set p50 84 -> 98 ms, worst 232 -> 395 ms at 6 dB)."""
+    any_lag_margin_db: float | None = 9.0
+    """... and this far over the echo the gate's echo return loss predicts at *any* delay up to
+    520 ms (the loudest bot audio there less the ERL): a delay that changed mid-call puts the
+    echo where the locked lag does not look. None: no such floor."""
+    any_lag_floor_db: float | None = None
+    """With a canceller in front: a window under that any-delay echo plus this margin is never
+    the caller, whatever the cancelled audio sounds like (AEC3 re-converging after a delay
+    change leaves a residual Silero calls speech). None: no such floor."""
     clean_veto_locked: bool = True
     """Apply that veto on a line whose echo delay the gate has locked too (path changes that
     the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
@@ -138,7 +149,14 @@ class BargeInPolicy:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
         if not self._is_caller(prob, gate, feat):
             return False
-        return clean_prob is None or not self.echo_veto(clean_prob, gate)
+        if clean_prob is None:
+            return True
+        floor = self.settings.any_lag_floor_db
+        if floor is not None and gate.level_db < gate.ref_db - gate.erl_db + floor:
+            # Under the echo the line's ERL gives at some delay in range: a path whose delay
+            # just changed is not where the lock looks, and AEC3 takes ~1.4 s to follow it.
+            return False
+        return not self.echo_veto(clean_prob, gate)
 
     def echo_veto(self, clean_prob: float, gate: GateReading) -> bool:
         """With an echo canceller in front: is this window, which the raw reading took for the
@@ -154,10 +172,16 @@ class BargeInPolicy:
         if gate.echo_locked and not s.clean_veto_locked:
             return False
         return (gate.level_db - gate.echo_db < s.clean_veto_db
-                or s.worst_erl_db is not None and gate.level_db < gate.ref_db - s.worst_erl_db)
+                or s.worst_erl_db is not None and gate.level_db < gate.ref_db - s.worst_erl_db
+                or s.any_lag_margin_db is not None
+                and gate.level_db < gate.ref_db - gate.erl_db + s.any_lag_margin_db)
 
     def _is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
         s = self.settings
+        if feat.dtmf >= s.dtmf_max:
+            # An in-band key tone is never the caller talking, whatever Silero says of it
+            # (Silero scores DTMF as speech): the key reaches the call as Twilio's `dtmf`.
+            return False
         if gate.passes:
             if prob >= s.p_on:
                 return True
@@ -198,7 +222,7 @@ class BargeInPolicy:
         (with an echo canceller in front) Silero's probability on the echo-cancelled window."""
         s = self.settings
         caller = self.is_caller(prob, gate, feat, clean_prob)
-        speechy = caller or prob >= s.p_off and gate.passes
+        speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
         out: list[Decision] = []
         self._run = self._run + 1 if caller else 0
         if self._run == 1:

@@ -95,3 +95,19 @@ def test_echo_veto_on_locked_lines_is_a_setting() -> None:
     assert policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.02)
     assert not policy.is_caller(0.98, replace(RAW_CALLER, echo_locked=False), VOICED,
                                 clean_prob=0.02)
+
+
+def test_a_key_tone_never_opens_a_caller_turn() -> None:
+    """Silero calls a DTMF tone speech (p ~1) and it passes the gate; it still opens no turn,
+    stops no bot, and a burst of keys between words does not keep a turn open."""
+    tone = WindowFeatures(voicing=0.9, dtmf=0.9)
+    loud = GateReading(level_db=-15.0, echo_db=-100.0, noise_db=-30.0, echo_locked=False,
+                       passes=True)
+    policy = BargeInPolicy()
+    for _ in range(20):
+        assert policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE) == []
+    assert policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE) == []
+    assert policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+    out = [d for _ in range(5) for d in policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE)]
+    assert Decision.RESUME in out and Decision.SPEECH_STOPPED in out  # tones end the turn
