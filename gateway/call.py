@@ -26,7 +26,7 @@ import enum
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -158,7 +158,11 @@ class CallSession:
     def _configure(self) -> None:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
-        self.policy = BargeInPolicy(self.settings.barge_in)
+        barge_in = self.settings.barge_in
+        if barge_in.dtmf_interrupts != self.settings.dtmf_interrupts:
+            # CallSettings.dtmf_interrupts (the agent's YAML) is the switch; the policy acts on it.
+            barge_in = replace(barge_in, dtmf_interrupts=self.settings.dtmf_interrupts)
+        self.policy = BargeInPolicy(barge_in)
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -303,6 +307,8 @@ class CallSession:
             await self._apply(out)
         elif d is Decision.COMMIT:
             await self._interrupt(reason="speech")
+        elif d is Decision.DTMF_INTERRUPT:
+            await self._interrupt(reason="dtmf")
         elif d is Decision.RESUME:
             if self._paused_utterance is None:
                 return
@@ -386,13 +392,11 @@ class CallSession:
         self.emit("dtmf", digit=msg.digit)
         await self.publish("dtmf", digit=msg.digit)
         u = self.playback.current
-        if (
-            self.settings.dtmf_interrupts
-            and u is not None
-            and u.interruptible
-            and u.state in (UtteranceState.PLAYING, UtteranceState.PAUSED)
-        ):
-            await self._interrupt(reason="dtmf")
+        playing = u is not None and u.interruptible and u.state is UtteranceState.PLAYING
+        paused = u is not None and u.interruptible and u.state is UtteranceState.PAUSED
+        bot = BotState.INTERRUPTIBLE if playing else self._bot_state()
+        for d in self.policy.on_dtmf(bot, paused=paused):
+            await self._decide(d)
 
     # -- worker side -----------------------------------------------------------------------
     async def handle_downlink(self, event: dict[str, Any]) -> None:

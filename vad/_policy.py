@@ -75,6 +75,9 @@ class BargeInSettings:
     # The echo veto's thresholds below were fitted on the simulator's train split by
     # ``python -m bench.fit_bargein`` (vad/bargein_fit.json; tests/vad/test_fit.py checks they
     # are the file's), not tuned by hand. They act only with an echo canceller in front.
+    dtmf_interrupts: bool = True
+    """A key press (Twilio's ``dtmf`` message) stops an interruptible prompt, as IVR menus
+    expect (:meth:`BargeInPolicy.on_dtmf`)."""
     clean_p_min: float = 0.1
     """With an echo canceller in front (``clean_prob`` given to :meth:`BargeInPolicy.step`): a
     window Silero scores under this once the bot's echo is removed is the bot's echo, whatever
@@ -87,7 +90,7 @@ class BargeInSettings:
     this echo return loss (the gate's own prediction can be far too low before its echo path
     locks, or after the path changes). None: no such floor (it costs onset latency where the
     caller is quieter than the bot: dev set p50 84 -> 98 ms, worst 232 -> 395 ms at 6 dB)."""
-    any_lag_margin_db: float | None = 9.0
+    any_lag_margin_db: float | None = 3.0
     """... and this far over the echo the gate's echo return loss predicts at *any* delay up to
     520 ms (the loudest bot audio there less the ERL): a delay that changed mid-call puts the
     echo where the locked lag does not look. None: no such floor."""
@@ -95,6 +98,9 @@ class BargeInSettings:
     """With a canceller in front: a window under that any-delay echo plus this margin is never
     the caller, whatever the cancelled audio sounds like (AEC3 re-converging after a delay
     change leaves a residual Silero calls speech). None: no such floor."""
+    no_echo_corr: float | None = 0.4
+    """The veto stands aside on a line whose echo path is not locked and whose best envelope
+    correlation with the bot's audio (after ~0.3 s of it) is under this. None: it never does."""
     clean_veto_locked: bool = True
     """Apply that veto on a line whose echo delay the gate has locked too (path changes that
     the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
@@ -122,6 +128,7 @@ class Decision(enum.Enum):
     COMMIT = "commit"  # publish the interrupt: the utterance is over
     RESUME = "resume"  # the speech was a backchannel/noise: play on from the heard point
     SUPPRESSED = "suppressed"  # speech over a non-interruptible utterance
+    DTMF_INTERRUPT = "dtmf_interrupt"  # a key stops the prompt (reason ``dtmf``)
 
 
 class BargeInPolicy:
@@ -168,6 +175,11 @@ class BargeInPolicy:
         it never converges and keeps 30-40 dB off the caller while the bot talks."""
         s = self.settings
         if gate.echo_free or clean_prob >= s.clean_p_min:
+            return False
+        if (s.no_echo_corr is not None and not gate.echo_locked
+                and gate.echo_corr < s.no_echo_corr):
+            # The bot has talked long enough to correlate, and nothing of it comes back: on such
+            # a line AEC3 holds down the caller, not an echo (a first turn, before echo_free).
             return False
         if gate.echo_locked and not s.clean_veto_locked:
             return False
@@ -276,6 +288,18 @@ class BargeInPolicy:
             out.append(Decision.SPEECH_STOPPED)
             self._reset_idle()
         return out
+
+    def on_dtmf(self, bot: BotState, *, paused: bool) -> list[Decision]:
+        """A key press arrived (Twilio's ``dtmf`` message): with ``dtmf_interrupts`` it stops an
+        interruptible prompt that is playing, or the one ``paused`` for the caller's speech.
+        The in-band tone itself never counts as speech (:meth:`is_caller`)."""
+        if not self.settings.dtmf_interrupts:
+            return []
+        if bot is BotState.INTERRUPTIBLE or paused:
+            if self.state is PolicyState.PAUSED:
+                self.state = PolicyState.INTERRUPTED
+            return [Decision.DTMF_INTERRUPT]
+        return []
 
     def _pause(self, out: list[Decision]) -> None:
         """Hold the bot (``clear``) with the caller's run so far counted as speech."""
