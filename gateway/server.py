@@ -475,6 +475,14 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"callgate serve: {exc}", file=sys.stderr)
         return 1
+    if any(a.barge_in.echo_canceller == "aec3" for a in cfg.agents.values()):
+        from vad import EchoCancellerUnavailable, warm_up_echo_canceller
+
+        try:
+            warm_up_echo_canceller()
+        except EchoCancellerUnavailable as exc:
+            print(f"callgate serve: {exc}", file=sys.stderr)
+            return 1
     redis_url = args.redis or cfg.bus.redis_url
     bus = make_bus(redis_url)
     app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime,

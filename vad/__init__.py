@@ -9,7 +9,13 @@
 * ``_policy``: :class:`BargeInPolicy`, the one place where barge-in is decided.
 """
 
-from ._aec import AecMode, EchoCanceller, EchoCancellerSettings, EchoCancellerUnavailable
+from ._aec import (
+    AecMode,
+    EchoCanceller,
+    EchoCancellerSettings,
+    EchoCancellerUnavailable,
+)
+from ._aec import warm_up as warm_up_echo_canceller
 from ._echo import EchoGate, EchoGateBank, EchoGateSettings, GateReading
 from ._engine import (
     EngineClosed,
@@ -71,5 +77,6 @@ __all__ = [
     "WindowResult",
     "load_runtime",
     "probabilities",
+    "warm_up_echo_canceller",
     "window_features",
 ]

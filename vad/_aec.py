@@ -40,7 +40,8 @@ import numpy.typing as npt
 
 from ._silero import VadError
 
-__all__ = ["AecMode", "EchoCanceller", "EchoCancellerSettings", "EchoCancellerUnavailable"]
+__all__ = ["AecMode", "EchoCanceller", "EchoCancellerSettings", "EchoCancellerUnavailable",
+           "warm_up"]
 
 FRAME: Final = 80  # samples per AEC3 frame: exactly 10 ms at 8 kHz, as the module requires
 RATE: Final = 8000
@@ -226,3 +227,22 @@ class EchoCanceller:
         handle = getattr(apm, "_ffi_handle", None)
         if handle is not None:
             handle.dispose()
+
+
+def warm_up() -> None:
+    """Load the native module and run one instance once, at startup: a gateway configured with
+    ``echo_canceller: aec3`` that cannot run it fails there with the reason (not on its first
+    call), and the first call does not pay for loading livekit's library on the event loop.
+
+    Raises:
+        EchoCancellerUnavailable: The package or its native library cannot be loaded or run.
+    """
+    aec = EchoCanceller()
+    try:
+        aec.add_reference(0, np.zeros(FRAME, dtype=np.float32) + 0.1)
+        aec.process(0, np.zeros(2 * FRAME, dtype=np.float32))
+    except Exception as exc:
+        raise EchoCancellerUnavailable(f"barge_in.echo_canceller: aec3 does not run: {exc!r}"
+                                       ) from exc
+    finally:
+        aec.close()

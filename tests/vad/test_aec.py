@@ -114,3 +114,9 @@ def test_missing_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(builtins, "__import__", no_livekit)
     with pytest.raises(EchoCancellerUnavailable, match="echo_canceller: off"):
         EchoCanceller()
+
+
+def test_warm_up_runs_the_module_once() -> None:
+    from vad import warm_up_echo_canceller
+
+    warm_up_echo_canceller()  # raises EchoCancellerUnavailable when it cannot run
