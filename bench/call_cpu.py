@@ -56,10 +56,12 @@ class _Timed:
 
 async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
                   runtime: str = "auto", max_wait_ms: float = 5.0,
-                  echo_canceller: str | None = None) -> dict[str, Any]:
+                  echo_canceller: str | None = None, bot_silent: bool = False
+                  ) -> dict[str, Any]:
     """N calls for ``seconds`` of media time; CPU figures per call-second. ``runtime`` and
     ``max_wait_ms``: the engine's, as ``callgate serve`` sets them by default.
-    ``echo_canceller``: ``aec3`` or ``off`` (barge_in.echo_canceller); None: the default."""
+    ``echo_canceller``: ``aec3`` or ``off`` (barge_in.echo_canceller); None: the default.
+    ``bot_silent``: the bot never talks (what an echo canceller costs a call it cannot help)."""
     from bus import EmbeddedBus
     from gateway import twilio_protocol as tp
     from gateway.audio import read_wav_ulaw
@@ -138,7 +140,7 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
     gc.freeze()
     cpu0 = time.process_time()
     for k in range(total):
-        if k % per_utterance == 0:
+        if k % per_utterance == 0 and not bot_silent:
             for j, (session, _sid, _rec, pieces, *_rest) in enumerate(calls):
                 uid = f"u{k}-{j}"
                 await session.handle_downlink({"type": "utterance_start", "utterance_id": uid,
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--echo-canceller", default=None,
                    help="comma-separated barge_in.echo_canceller values to compare in one run "
                         "(off,aec3); default: the configured one")
+    p.add_argument("--bot-silent", action="store_true", help="the bot never talks")
     args = p.parse_args(argv)
     modes = (args.echo_canceller.split(",") if args.echo_canceller else [None])
     if any(m not in (None, "off", "aec3") for m in modes):
@@ -188,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     print("calls | VAD batch (N up to 128) | ms CPU per call-second | x first N | Silero | gate+features "
           "| engine rest | call logic + driver")
     for mode, n in ((m, n) for m in modes for n in args.calls):
-        r = asyncio.run(measure(n, args.seconds, runtime=args.runtime, echo_canceller=mode))
+        r = asyncio.run(measure(n, args.seconds, runtime=args.runtime, echo_canceller=mode,
+                                bot_silent=args.bot_silent))
         r["echo_canceller"] = mode or "default"
         rows.append(r)
         r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
