@@ -358,8 +358,11 @@ class _RecordingEngine:
         self._engine = engine
         self.windows: list[Any] = []
 
-    def open_stream(self, **kwargs: Any) -> _RecordingStream:
-        return _RecordingStream(self._engine.open_stream(**kwargs), self.windows)
+    def open_stream(self, **kwargs: Any) -> Any:
+        stream = self._engine.open_stream(**kwargs)
+        if kwargs.get("echo") is None:  # the call's echo-cancelled stream (vad/_aec.py): no gate
+            return stream
+        return _RecordingStream(stream, self.windows)
 
 
 def _truth(labels: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
