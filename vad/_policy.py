@@ -75,6 +75,12 @@ class BargeInSettings:
     # The echo veto's thresholds below were fitted on the simulator's train split by
     # ``python -m bench.fit_bargein`` (vad/bargein_fit.json; tests/vad/test_fit.py checks they
     # are the file's), not tuned by hand. They act only with an echo canceller in front.
+    caller_margin_db: float | None = None
+    """Background voices: once the caller has talked a real turn (``caller_turn_ms``), a window
+    more than this under their median level is not them (a TV, a person in the room 15 dB or
+    more quieter). None: off (not yet fitted; the simulator's grid has no such condition)."""
+    caller_turn_ms: float = 640.0
+    """Caller speech a turn needs before its level is learnt (backchannels do not teach it)."""
     dtmf_interrupts: bool = True
     """A key press (Twilio's ``dtmf`` message) stops an interruptible prompt, as IVR menus
     expect (:meth:`BargeInPolicy.on_dtmf`)."""
@@ -143,6 +149,9 @@ class BargeInPolicy:
         self._paused_ms = 0.0
         self._suppressed_this_turn = False
         self._window = 0  # index of the window being stepped
+        self._turn_levels: list[float] = []  # levels of this turn's caller windows
+        self.caller_db: float | None = None
+        """The caller's own level (median of their last real turn's windows), once known."""
         self._run_start = 0  # index of the first window of the current caller run
 
     @property
@@ -156,6 +165,10 @@ class BargeInPolicy:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
         if not self._is_caller(prob, gate, feat):
             return False
+        margin = self.settings.caller_margin_db
+        if margin is not None and self.caller_db is not None and (
+                gate.level_db < self.caller_db - margin):
+            return False  # far under the caller's own voice: someone else in the room
         if clean_prob is None:
             return True
         floor = self.settings.any_lag_floor_db
@@ -237,6 +250,10 @@ class BargeInPolicy:
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
         out: list[Decision] = []
         self._run = self._run + 1 if caller else 0
+        if caller:
+            self._turn_levels.append(gate.level_db)
+        elif self.state is PolicyState.IDLE and self._run == 0:
+            self._turn_levels.clear()  # a run that never started a turn teaches nothing
         if self._run == 1:
             self._run_start = self._window
         self._window += 1
@@ -309,6 +326,11 @@ class BargeInPolicy:
         out.append(Decision.PAUSE)
 
     def _reset_idle(self) -> None:
+        """The caller's turn ended: learn their level from it if it was a real turn."""
+        levels = self._turn_levels
+        if len(levels) * WINDOW_MS >= self.settings.caller_turn_ms:
+            self.caller_db = float(sorted(levels)[len(levels) // 2])
+        self._turn_levels = []
         self.state = PolicyState.IDLE
         self._run = 0
         self._quiet = 0

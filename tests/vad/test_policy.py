@@ -173,3 +173,26 @@ def test_a_key_stops_an_interruptible_prompt_with_its_own_decision() -> None:
     assert policy.state is PolicyState.INTERRUPTED
     off = BargeInPolicy(replace(policy.settings, dtmf_interrupts=False))
     assert off.on_dtmf(BotState.INTERRUPTIBLE, paused=False) == []
+
+
+def test_a_voice_15_db_under_the_callers_own_is_not_them() -> None:
+    """With caller_margin_db, a real turn teaches the caller's level; a TV 15 dB under it then
+    starts nothing, the caller at their own level still does. A backchannel teaches nothing."""
+    from vad import BargeInSettings
+    policy = BargeInPolicy(BargeInSettings(caller_margin_db=12.0))
+    tv = replace(CALLER, level_db=-35.0)  # 15 dB under the caller's -20 dBFS
+    assert _talk(policy, 3, BotState.SILENT)[:1] == [Decision.SPEECH_STARTED]
+    _quiet(policy, 5, BotState.SILENT)
+    assert policy.caller_db is None  # 96 ms: a backchannel, not a turn
+    _talk(policy, 25, BotState.SILENT)
+    _quiet(policy, 5, BotState.SILENT)
+    assert policy.caller_db == -20.0
+    assert [d for _ in range(10)
+            for d in policy.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE)] == []
+    assert _talk(policy, 2, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    off = BargeInPolicy()  # the default: off
+    _talk(off, 25, BotState.SILENT)
+    _quiet(off, 5, BotState.SILENT)
+    assert off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE) == []
+    assert off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED,
+                                                                   Decision.PAUSE]
