@@ -13,7 +13,8 @@ field of ``CallSettings`` (``dtmf_interrupts``), of its ``barge_in`` (``barge_in
   stop is an interrupt (the strong-energy, voiced and band paths are off, the echo/noise gate
   passes everything, no resume on backchannel). Rules that live outside the settings (in
   ``gateway/call.py``, e.g. DTMF handling) still apply;
-* ``configured``: the decision as the code and ``config/`` configure it today (the defaults).
+* ``configured``: the decision as the code and ``config/`` configure it today (the defaults);
+* ``no_resume``: the same with ``resume_on_backchannel`` off (every pause commits).
 
 More can be added to :data:`VARIANTS` or given with ``--variant NAME:KEY=VALUE,KEY=VALUE``
 (values are JSON, or plain strings).
@@ -35,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
+import hashlib
 import json
 import statistics
 import sys
@@ -91,6 +94,8 @@ VARIANTS: dict[str, Variant] = {
         "Silero p >= 0.5 for 2 windows stops the bot; no gate; no resume",
     ),
     "configured": Variant("configured", {}, "today's decision (the settings' defaults)"),
+    "no_resume": Variant("no_resume", {"barge_in.resume_on_backchannel": False},
+                         "today's decision, but every pause commits (no resume)"),
 }
 
 
@@ -175,6 +180,107 @@ async def _replay_one(call: SimCall, path: Path, settings: Any, engine: Any) -> 
     return timeline.events
 
 
+async def _replay_closed(call: SimCall, settings: Any, engine: Any) -> list[dict[str, Any]]:
+    """Replay ``call`` with its echo made from what the gateway actually played.
+
+    The same loop as ``gateway.replay.replay`` (lock-step on the media clock, the bot turns
+    spoken at their labelled times, :class:`gateway.twilio_sim.TwilioPlayout` standing in for
+    Twilio's queue and marks), except that each inbound frame is built when it is due: the call's
+    echo-free track (``SimCall.rest``) plus the echo path's response to the audio Twilio played up
+    to the end of that frame. A ``clear`` therefore silences the echo one path delay later, as on
+    a real line, where a recording's echo would go on. A second TwilioPlayout fed the same frames
+    tells what plays during the frame ahead (nothing the gateway does at the frame's end can
+    change that)."""
+    from bus import EmbeddedBus, EmbeddedHub
+    from gateway import twilio_protocol as tp
+    from gateway.audio import ulaw_to_float32
+    from gateway.call import CallSession
+    from gateway.timeline import Timeline
+    from gateway.twilio_sim import TwilioPlayout
+    from linesim._dsp import encode_ulaw
+
+    assert call.rest is not None and call.echo_path is not None
+    echo = call.echo_path.stream(ulaw_to_float32(call.bot).astype(float))
+    timeline = Timeline()
+    bus = EmbeddedBus(hub=EmbeddedHub())
+    outbox: list[str] = []
+
+    async def send(text: str) -> None:
+        outbox.append(text)
+
+    turns = bot_turns(call)
+    dtmf_after: dict[int, list[str]] = {}
+    for ev in call.labels["events"]:
+        if ev["kind"] == "dtmf":
+            dtmf_after.setdefault((int(round(ev["end_ms"] * 8)) - 1) // 160 + 1, []).append(
+                ev["digit"])
+    frames = len(call.rest) // 160
+    digest = hashlib.sha256(call.name.encode()).hexdigest()
+    stream_sid, call_sid = f"MZ{digest[:32]}", f"CA{digest[32:64]}"  # as SimCall.messages()
+    await bus.start()
+    try:
+        session = CallSession(send=send, bus=bus, vad=engine, settings=settings,
+                              timeline=timeline, transcribe_inline=True)
+        playout = TwilioPlayout(stream_sid=stream_sid)
+        shadow = TwilioPlayout(stream_sid=stream_sid, keep_audio=True)
+        heard = 0  # bytes of the shadow's played audio placed on the echo's timeline
+
+        async def deliver(echoes: list[str]) -> None:
+            queue = list(echoes)
+            while queue or outbox:
+                while outbox:
+                    text = outbox.pop(0)
+                    queue.extend(playout.receive(text, at_ms=session.now_ms))
+                    shadow.receive(text, at_ms=session.now_ms)
+                if queue:
+                    await session.handle_text(queue.pop(0))
+
+        await session.handle_text(tp.build_connected())
+        await session.handle_text(tp.build_start(sequence_number=1, stream_sid=stream_sid,
+                                                 account_sid=call.account_sid, call_sid=call_sid))
+        await deliver([])
+        seq = 2
+        for c in range(1, frames + 1):
+            t = (c - 1) * 20
+            await deliver(playout.advance(t))
+            while turns and turns[0].start_ms <= t + 10:
+                turn = turns.pop(0)
+                for event in ({"type": "utterance_start", "utterance_id": turn.utterance_id,
+                               "node": turn.node, "interruptible": turn.interruptible,
+                               "text": turn.text},
+                              {"type": "audio", "utterance_id": turn.utterance_id,
+                               "payload": base64.b64encode(turn.audio).decode()},
+                              {"type": "utterance_end", "utterance_id": turn.utterance_id}):
+                    await session.handle_downlink(event)
+                await deliver([])
+            # What Twilio plays in [t, t + 20): audio only ever starts on a frame boundary (it
+            # arrives at the media clock's frame ends), so the frame's new audio starts at t.
+            shadow.advance(t + 20)
+            played = bytes(shadow.stats.played[heard:])
+            heard += len(played)
+            echo.play(t * 8, ulaw_to_float32(played).astype(float))
+            a, b = (c - 1) * 160, c * 160
+            payload = encode_ulaw(call.rest[a:b] + echo.echo(a, b))
+            await session.handle_text(tp.build_media(sequence_number=seq, stream_sid=stream_sid,
+                                                     chunk=c, timestamp_ms=t, payload=payload))
+            seq += 1
+            if session.ended:
+                break
+            await asyncio.sleep(0)  # let the other calls' frames in: VAD batches form
+            await deliver([])
+            for digit in dtmf_after.get(c, []):
+                await session.handle_text(tp.build_dtmf(sequence_number=seq,
+                                                        stream_sid=stream_sid, digit=digit))
+                seq += 1
+                await deliver([])
+        await session.handle_text(tp.build_stop(sequence_number=seq, stream_sid=stream_sid,
+                                                account_sid=call.account_sid, call_sid=call_sid))
+        await session.end("replay_finished")
+    finally:
+        await bus.aclose()
+    return timeline.events
+
+
 @dataclass
 class CallResult:
     condition: str
@@ -184,7 +290,7 @@ class CallResult:
 
 
 async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurrency: int,
-               runtime: str) -> tuple[list[CallResult], dict[str, float]]:
+               runtime: str, loop: str = "closed") -> tuple[list[CallResult], dict[str, float]]:
     from vad import VadEngine
 
     settings = {v.name: call_settings(v) for v in variants}
@@ -193,32 +299,45 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
     audio_s = 0.0
     n_calls = 0
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    replay_cpu = 0.0
+    gen_cpu = 0.0  # of which simulating the calls
     with tempfile.TemporaryDirectory(prefix="robustness-") as tmp:
         async with VadEngine(runtime=runtime) as engine:  # type: ignore[arg-type]
 
             async def worker() -> None:
-                nonlocal audio_s, n_calls, replay_cpu
-                for call in it:  # one shared iterator: each call is taken by one worker
+                nonlocal audio_s, n_calls, gen_cpu
+                while True:  # one shared iterator: each call is taken by one worker
+                    t = time.process_time()
+                    call = next(it, None)
+                    gen_cpu += time.process_time() - t
+                    if call is None:
+                        return
                     path = Path(tmp) / f"{call.name}.twilio.jsonl"
-                    path.write_text("\n".join(call.messages()) + "\n")
+                    if loop == "open":
+                        path.write_text("\n".join(call.messages()) + "\n")
                     audio_s += call.labels["duration_ms"] / 1000
                     n_calls += 1
                     cond = call.labels["condition"]
                     echo_only = call.labels["condition_params"]["behaviour"] == "echo_only"
                     for v in variants:
-                        events = await _replay_one(call, path, settings[v.name], engine)
+                        if loop == "open":
+                            events = await _replay_one(call, path, settings[v.name], engine)
+                        else:
+                            events = await _replay_closed(call, settings[v.name], engine)
                         results.append(CallResult(cond, v.name, echo_only,
                                                   scoring.score(call.labels, events)))
-                    path.unlink()
+                    path.unlink(missing_ok=True)
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
+            stats = engine.stats
     wall, cpu = time.perf_counter() - t_wall, time.process_time() - t_cpu
     replays = n_calls * len(variants)
     speed = {"calls": n_calls, "replays": replays, "audio_s_per_call": audio_s / max(1, n_calls),
-             "wall_s": wall, "cpu_s": cpu,
-             "replays_per_cpu_s": replays / cpu if cpu else 0.0,
-             "audio_x_realtime_per_core": audio_s * len(variants) / cpu if cpu else 0.0}
+             "wall_s": wall, "cpu_s": cpu, "simulate_cpu_s": gen_cpu,
+             "replays_per_cpu_s": replays / (cpu - gen_cpu) if cpu > gen_cpu else 0.0,
+             "audio_x_realtime_per_core": (audio_s * len(variants) / (cpu - gen_cpu)
+                                           if cpu > gen_cpu else 0.0),
+             "concurrency": concurrency,
+             "mean_vad_batch": stats.windows / stats.batches if stats.batches else 0.0}
     return results, speed
 
 
@@ -288,8 +407,8 @@ def _cell(a: dict[str, Any]) -> str:
 def report_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     variants = list(summary["variants"])
     lines = [f"Split `{meta['split']}`, grid `{meta['grid']}`, {meta['calls_per_point']} calls per "
-             f"point, seed {meta['seed']}: {meta['speed']['calls']} calls, "
-             f"{meta['speed']['replays']} replays.",
+             f"point, seed {meta['seed']}, {meta['speed'].get('loop', 'closed')} loop: "
+             f"{meta['speed']['calls']} calls, {meta['speed']['replays']} replays.",
              "",
              "Cells: detected/expected barge-ins, latency p50/p95 ms, FS = calls with a false "
              "stop, FI = calls with a false interrupt (the evaluator's rules).",
@@ -312,21 +431,27 @@ def report_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         for value, row in values.items():
             lines.append(f"| {value} | " + " | ".join(_cell(row[v]) for v in variants) + " |")
     s = meta["speed"]
-    lines += ["", f"Speed: {s['replays_per_cpu_s']:.1f} replays per CPU second "
+    lines += ["", f"Speed: {s['replays_per_cpu_s']:.1f} replays per CPU second of replay "
                   f"({s['audio_x_realtime_per_core']:.0f}x real time per core; "
                   f"{s['audio_s_per_call']:.1f} s of audio per call), {s['wall_s']:.0f} s wall, "
-                  f"{s['cpu_s']:.0f} s CPU."]
+                  f"{s['cpu_s']:.0f} s CPU ({s['simulate_cpu_s']:.0f} s of it simulating); "
+                  f"{s['concurrency']} calls at once, mean VAD batch "
+                  f"{s['mean_vad_batch']:.1f} windows."]
     return "\n".join(lines) + "\n"
 
 
 def run_bench(*, split: str, conditions: Sequence[Condition], calls_per_point: int, seed: int,
               variants: Sequence[Variant], concurrency: int = 32, runtime: str = "onnx",
-              library: VoiceLibrary | None = None) -> dict[str, Any]:
+              library: VoiceLibrary | None = None, loop: str = "closed") -> dict[str, Any]:
     """Simulate, replay and score; returns the JSON report (summary, per-call verdicts, speed)."""
     count = len(conditions) * calls_per_point
     calls = iter_calls(list(conditions), split=split,  # type: ignore[arg-type]
                        seed=seed, count=count, library=library)
-    results, speed = asyncio.run(_run(calls, variants, concurrency=concurrency, runtime=runtime))
+    if loop not in ("open", "closed"):
+        raise ValueError(f"loop must be open or closed, got {loop!r}")
+    results, speed = asyncio.run(_run(calls, variants, concurrency=concurrency, runtime=runtime,
+                                      loop=loop))
+    speed["loop"] = loop  # type: ignore[assignment]
     return {"summary": summarize(results, conditions, variants), "speed": speed,
             "calls": [dataclasses.asdict(r) for r in results]}
 
@@ -382,7 +507,7 @@ def _truth(labels: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
 
 
 def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | None = None,
-                    runtime: str = "onnx") -> list[dict[str, Any]]:
+                    runtime: str = "onnx", loop: str = "closed") -> list[dict[str, Any]]:
     """Every VAD window of every recording as the decision saw it, with the truth beside it.
 
     ``recordings``: simulated calls, or label files (``NAME.json`` beside ``NAME.twilio.jsonl``
@@ -392,6 +517,8 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
     (``caller_speech``, ``backchannel``, ``echo``, ``dtmf``, ``bot_playing``). The readings
     depend on what the bot played, so they are those of a call run under ``variant`` (default:
     the configured decision); a fitted decision that stops the bot elsewhere changes them.
+    ``loop``: ``closed`` (simulated calls only: the echo follows what was played) or ``open``
+    (the recording as written; label files are always replayed so).
     """
     from gateway.replay import load_bot_script, replay
     from vad import VadEngine
@@ -406,13 +533,17 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
                     if isinstance(rec, SimCall):
                         labels, turns = rec.labels, bot_turns(rec)
                         path = Path(tmp) / f"{rec.name}.twilio.jsonl"
-                        path.write_text("\n".join(rec.messages()) + "\n")
+                        if loop == "open":
+                            path.write_text("\n".join(rec.messages()) + "\n")
                     else:
                         labels = json.loads(Path(rec).read_text())
                         turns = load_bot_script(Path(rec))
                         path = Path(rec).with_suffix(".twilio.jsonl")
                     spy = _RecordingEngine(engine)
-                    await replay(path, bot_script=turns, settings=settings, vad=spy)
+                    if isinstance(rec, SimCall) and loop == "closed":
+                        await _replay_closed(rec, settings, spy)
+                    else:
+                        await replay(path, bot_script=turns, settings=settings, vad=spy)
                     for w in spy.windows:
                         t1 = w.end_sample / 8
                         row: dict[str, Any] = {"recording": labels["name"],
@@ -445,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variant", action="append", metavar="NAME[:KEY=VALUE,...]",
                     help="decision variants to compare (default: plain_silero and configured)")
+    ap.add_argument("--loop", choices=("closed", "open"), default="closed",
+                    help="closed: the echo follows what the gateway played (a clear silences "
+                         "it); open: replay the recordings as written, as eval_bargein.py does")
     ap.add_argument("--concurrency", type=int, default=32, help="calls replayed at once")
     ap.add_argument("--vad-runtime", choices=("onnx", "torchscript"), default="onnx")
     ap.add_argument("--out-json", type=Path, default=Path("robustness.json"))
@@ -461,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_bench(split=args.split, conditions=conditions,
                            calls_per_point=args.calls_per_point, seed=args.seed,
                            variants=variants, concurrency=args.concurrency,
-                           runtime=args.vad_runtime)
+                           runtime=args.vad_runtime, loop=args.loop)
     except (VariantError, ConditionError, ValueError, OSError) as exc:
         print(f"bench.robustness: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,9 @@ them; ``python -m bench.robustness`` replays them through the gateway and scores
 * ``_call``: one call from a :class:`Condition` and a seed, its labels and Twilio messages;
 * ``_grid``: the named grids of conditions;
 * ``scoring``: the evaluator's scoring rules (tools/eval_bargein.py), importable;
-* ``features``: the per-window readings the barge-in decision sees, for fitting one.
+* ``cli``: ``callgate simulate``.
+
+The per-window readings the decision sees, for fitting one: ``bench.robustness.window_features``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -133,6 +133,10 @@ class SimCall:
     inbound: bytes = field(repr=False)
     bot: bytes = field(repr=False)
     account_sid: str = field(repr=False, default="")
+    rest: Floats | None = field(repr=False, default=None, compare=False)
+    """Everything on the caller's track but the echo (band-limited, float), for closed-loop
+    replays (``bench.robustness``), where the echo follows what the gateway actually played."""
+    echo_path: EchoPath | None = field(repr=False, default=None, compare=False)
 
     def messages(self) -> list[str]:
         """The call as the WebSocket messages Twilio sends (README: connected, start, one media
@@ -314,8 +318,8 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
         mix.grow(at + len(clip.samples) + RATE)
         mix.place(mix.caller, clip.samples * 10 ** (gain_db / 20), at)
         mix.events.append(_speech_event("speech", clip, at, gain_db))
-        speech_spans.append((at, at + len(clip.samples)))
-        if clip.bed is not None:
+        if clip.bed is not None:  # a real clip: its own room tone comes with it
+            speech_spans.append((at, at + len(clip.samples)))
             bed, bed_gain_db = clip, gain_db
     elif cond.behaviour == "backchannel":
         for turn_i in range(len(turns)):
@@ -335,9 +339,10 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
             gain_db = caller_level - clip.level_dbfs
             mix.place(mix.caller, clip.samples * 10 ** (gain_db / 20), at)
             mix.events.append(_speech_event("backchannel", clip, at, gain_db))
-            speech_spans.append((at, at + len(clip.samples)))
-            if clip.bed is not None and bed is None:
-                bed, bed_gain_db = clip, gain_db
+            if clip.bed is not None:
+                speech_spans.append((at, at + len(clip.samples)))
+                if bed is None:
+                    bed, bed_gain_db = clip, gain_db
 
     # Duration: the bot's turns, their last echo and the caller, plus a little, in whole 20 ms
     # frames (background bursts and keys are placed inside bot turns).
@@ -359,7 +364,9 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
     if tone is not None:
         y = _loop(tone, mix.n, rng) * 10 ** (tone_gain / 20)
         keep = np.ones(mix.n)
-        for a, b in speech_spans:  # the clip carries its own room tone: no doubling, no step
+        # Real clips carry their own room tone: the bed fades out under them (no doubling, no
+        # step); eSpeak clips are silent around the voice and get the bed throughout.
+        for a, b in speech_spans:
             a, b = max(0, a), min(mix.n, b)
             keep[a:b] = 0.0
             r = min(240, (b - a) // 2)
@@ -371,7 +378,6 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
                            "level_dbfs": round(active_level_dbfs(y[:n]), 1)})
 
     _background(cond, split, lib, rng, mix, bot_labels, caller_level, n)
-
 
     # The echo path.
     change_ms = None
@@ -409,7 +415,8 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
     hiss = rng.standard_normal(n)
     hiss = band_limit(hiss)
     hiss *= 10 ** (hiss_db / 20) / (np.sqrt(np.mean(hiss**2)) + 1e-12)
-    line = band_limit(mix.caller[:n] + mix.background[:n] + echo) + hiss
+    rest = band_limit(mix.caller[:n] + mix.background[:n]) + hiss
+    line = rest + band_limit(echo)
     inbound = encode_ulaw(line)
     outbound = encode_ulaw(bot)
 
@@ -437,7 +444,8 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
         "simulator": {"seed": seed, "index": index, "bot_voice": f"espeak-ng:{bot_voice}"},
     }
     account = "AC" + hashlib.sha256(f"linesim:{seed}".encode()).hexdigest()[:32]
-    return SimCall(name=name, labels=labels, inbound=inbound, bot=outbound, account_sid=account)
+    return SimCall(name=name, labels=labels, inbound=inbound, bot=outbound, account_sid=account,
+                   rest=rest, echo_path=path)
 
 
 def _changed(cond: Condition) -> tuple[float, float]:
@@ -536,7 +544,3 @@ def _background(cond: Condition, split: Split, lib: VoiceLibrary, rng: np.random
             mix.events.append({"kind": "dtmf", "digit": digit, "start_ms": _ms(at),
                                "end_ms": _ms(at + len(x)), "source": "synthetic"})
             at += len(x) + int(rng.uniform(70, 250)) * 8
-
-
-def with_name(cond: Condition, **changes: Any) -> Condition:
-    return replace(cond, **changes)

@@ -19,11 +19,12 @@ BASE = Condition(erl_db=20.0, delay_ms=150.0)
 
 
 def small_grid() -> list[Condition]:
-    """22 points: the base line, each echo axis alone (on echo-only calls and on barge-ins),
+    """23 points: the base line (with a caller and echo-only), each echo axis alone (on echo-only calls and on barge-ins),
     each background, each caller behaviour, and a few worst cases together."""
     c = Condition
     points = [
         BASE,
+        c(erl_db=20, delay_ms=150, behaviour="echo_only"),
         c(erl_db=6, delay_ms=150),
         c(erl_db=6, delay_ms=150, behaviour="echo_only"),
         c(erl_db=12, delay_ms=450),

@@ -99,6 +99,30 @@ def test_window_features_carry_readings_and_truth(library: VoiceLibrary, tmp_pat
     quiet = [r for r in rows if not r["caller_speech"] and not r["echo"]]
     assert speech and quiet
     assert sum(r["prob"] for r in speech) / len(speech) > sum(r["prob"] for r in quiet) / len(quiet)
-    # The same rows from the files on disk.
+    # The files on disk replay as the open loop does.
     again = window_features([tmp_path / f"{call.name}.json"])
-    assert [r["prob"] for r in again] == [r["prob"] for r in rows]
+    assert [r["prob"] for r in again] == [r["prob"] for r in window_features([call], loop="open")]
+
+
+def test_closed_loop_echo_stops_when_the_bot_is_cut_off(library: VoiceLibrary) -> None:
+    """Plain Silero stops the bot on this 6 dB echo within its first second and never resumes.
+    In the closed loop the echo then dies away; replaying the recording as written it goes on
+    (the recording cannot react)."""
+    call = simulate_call(Condition(erl_db=6, delay_ms=150, behaviour="echo_only"),
+                         split="train", seed=4, index=0, library=library)
+    turn = call.labels["bot_turns"][0]
+    closed, opened = (window_features([call], variant=VARIANTS["plain_silero"], loop=loop)
+                      for loop in ("closed", "open"))
+
+    def level(rows: list[dict[str, object]]) -> float:
+        late = [float(r["gate_level_db"]) for r in rows  # type: ignore[arg-type]
+                if turn["start_ms"] + 2500 <= float(r["t_ms"]) <= turn["end_ms"]]  # type: ignore[arg-type]
+        assert late
+        return sum(late) / len(late)
+
+    assert level(opened) - level(closed) >= 10
+    # Before the stop both loops hear the same echo.
+    first = [(a["gate_level_db"], b["gate_level_db"]) for a, b in zip(closed, opened)
+             if turn["start_ms"] + 200 <= a["t_ms"] <= turn["start_ms"] + 400]
+    diffs = [abs(a - b) for a, b in first]  # type: ignore[operator]
+    assert diffs and sum(diffs) / len(diffs) <= 1.0 and max(diffs) <= 4.0

@@ -35,7 +35,7 @@ ECHO_ONLY = Condition(erl_db=12, delay_ms=230, behaviour="echo_only")
 def test_same_seed_same_bytes_other_seed_other_bytes(library: VoiceLibrary, tmp_path: Path) -> None:
     conds = [Condition(background="babble"), Condition(background="dtmf", behaviour="echo_only")]
     a = generate(tmp_path / "a", split="train", seed=7, count=2, conditions=conds, library=library)
-    b = generate(tmp_path / "b", split="train", seed=7, count=2, conditions=conds, library=library)
+    generate(tmp_path / "b", split="train", seed=7, count=2, conditions=conds, library=library)
     c = generate(tmp_path / "c", split="train", seed=8, count=2, conditions=conds, library=library)
     files_a = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert files_a == sorted(p.name for p in (tmp_path / "b").iterdir())
@@ -255,3 +255,13 @@ def test_payload_of_a_media_message_is_160_bytes(library: VoiceLibrary) -> None:
     call = simulate_call(ECHO_ONLY, split="train", seed=0, index=0, library=library)
     media = [json.loads(m) for m in call.messages() if '"event":"media"' in m]
     assert {len(base64.b64decode(m["media"]["payload"])) for m in media} == {160}
+
+
+def test_public_names_resolve() -> None:
+    import linesim
+    import linesim.scoring
+
+    for module in (linesim, linesim.scoring):
+        assert len(module.__all__) == len(set(module.__all__))
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.__all__ names missing {name!r}"
