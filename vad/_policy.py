@@ -84,19 +84,19 @@ class BargeInSettings:
     dtmf_interrupts: bool = True
     """A key press (Twilio's ``dtmf`` message) stops an interruptible prompt, as IVR menus
     expect (:meth:`BargeInPolicy.on_dtmf`)."""
-    clean_p_min: float = 0.1
+    clean_p_min: float = 0.3
     """With an echo canceller in front (``clean_prob`` given to :meth:`BargeInPolicy.step`): a
     window Silero scores under this once the bot's echo is removed is the bot's echo, whatever
     the raw window looked like, unless the line is known to be echo-free (AEC3 then attenuates
     the caller instead: its suppressor stays conservative on a line with no echo to learn)."""
-    clean_veto_db: float = 10.0
+    clean_veto_db: float = 15.0
     """... and unless the window stands this far over the gate's predicted echo."""
-    worst_erl_db: float | None = 6.0
+    worst_erl_db: float | None = None
     """... and over the worst plausible echo: the loudest bot audio of the last 520 ms less
     this echo return loss (the gate's own prediction can be far too low before its echo path
     locks, or after the path changes). None: no such floor (it costs onset latency where the
     caller is quieter than the bot: dev set p50 84 -> 98 ms, worst 232 -> 395 ms at 6 dB)."""
-    any_lag_margin_db: float | None = 3.0
+    any_lag_margin_db: float | None = None
     """... and this far over the echo the gate's echo return loss predicts at *any* delay up to
     520 ms (the loudest bot audio there less the ERL): a delay that changed mid-call puts the
     echo where the locked lag does not look. None: no such floor."""
@@ -104,7 +104,7 @@ class BargeInSettings:
     """With a canceller in front: a window under that any-delay echo plus this margin is never
     the caller, whatever the cancelled audio sounds like (AEC3 re-converging after a delay
     change leaves a residual Silero calls speech). None: no such floor."""
-    no_echo_corr: float | None = 0.4
+    no_echo_corr: float | None = None
     """The veto stands aside on a line whose echo path is not locked and whose best envelope
     correlation with the bot's audio (after ~0.3 s of it) is under this. None: it never does."""
     clean_veto_locked: bool = True
