@@ -89,6 +89,7 @@ VARIANTS: dict[str, Variant] = {
             "echo.echo_margin_db": -1000.0,  # the gate passes every window
             "echo.noise_margin_db": -1000.0,
             "echo.min_level_dbfs": -1000.0,
+            "echo_canceller": "off",  # no AEC3 in front either (vad/_aec.py)
         },
         "Silero p >= 0.5 for 2 windows stops the bot; no gate; no resume",
     ),
@@ -482,8 +483,11 @@ class _RecordingEngine:
         self._engine = engine
         self.windows: list[Any] = []
 
-    def open_stream(self, **kwargs: Any) -> _RecordingStream:
-        return _RecordingStream(self._engine.open_stream(**kwargs), self.windows)
+    def open_stream(self, **kwargs: Any) -> Any:
+        stream = self._engine.open_stream(**kwargs)
+        if kwargs.get("echo") is None:  # the call's echo-cancelled stream (vad/_aec.py): no gate
+            return stream
+        return _RecordingStream(stream, self.windows)
 
 
 def _truth(labels: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
