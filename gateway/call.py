@@ -41,6 +41,8 @@ from vad import (
     VadStream,
 )
 
+from vad._turn import TurnDecision, TurnDetector, TurnSettings
+
 from . import twilio_protocol as tp
 from .audio import TELEPHONY_RATE, ulaw_to_float32, ulaw_to_pcm16
 from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
@@ -80,6 +82,9 @@ class CallSettings:
     """What the caller said over a non-interruptible utterance: ``keep`` hands it to the agent
     as the next turn once the utterance is over; ``drop`` discards it (published flagged)."""
     max_payload_bytes: int = tp.DEFAULT_MAX_PAYLOAD_BYTES
+    turn: TurnSettings = field(default_factory=TurnSettings)
+    """When the caller's turn is over (vad/_turn.py): its transcript is published then, not at
+    the first ``speech_stopped``; speech inside the wait continues the same turn."""
 
 
 Authorize = Callable[[tp.Start], Awaitable[CallInfo]]
@@ -147,6 +152,9 @@ class CallSession:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
         self.policy = BargeInPolicy(self.settings.barge_in)
+        self.turn = TurnDetector(self.settings.turn)
+        self._turn_open = False  # a caller turn whose transcript is not published yet
+        self._turn_ended_early = False  # the wait ran out before the policy's speech_stopped
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -239,10 +247,14 @@ class CallSession:
         # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
         # frame completes at most one window, so this is the state after the previous window.
         stream.gate_adapt = self.policy.state is PolicyState.IDLE
+        self.turn.feed(samples)
         for r in await stream.process(samples):
             assert r.gate is not None and r.features is not None
+            caller = self.policy.is_caller(r.prob, r.gate, r.features)
             for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state()):
                 await self._decide(d)
+            await self._turn_step(caller and self.policy.state is not PolicyState.IDLE,
+                                  r.end_sample)
         await self._pump()
 
     def _bot_state(self) -> BotState:
@@ -260,7 +272,19 @@ class CallSession:
             self.emit("speech_started")
             await self.publish("speech_started", over_uninterruptible=over)
         elif d is Decision.SPEECH_STOPPED:
-            await self._finish_transcription()
+            if self._stt_backchannel or (self._over_uninterruptible
+                                         and self.settings.speech_over_uninterruptible == "drop"):
+                # Not a turn for the agent: its words are settled here and now.
+                self.turn.end_turn()
+                self._turn_open = False
+                await self._finish_transcription()
+            elif self._turn_ended_early:  # a wait shorter than the policy's stop_windows
+                self._turn_ended_early = False
+                self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms, wait_ms=None,
+                          p_end=None, text_hold=False)
+                await self._finish_transcription()
+            else:
+                self._turn_open = True  # the transcript waits for the turn's end (_turn_step)
             self.emit("speech_stopped")
             await self.publish("speech_stopped", over_uninterruptible=self._over_uninterruptible,
                                dropped=self._over_uninterruptible
@@ -291,6 +315,25 @@ class CallSession:
                       policy=self.settings.speech_over_uninterruptible)
             await self.publish("interrupt_suppressed", utterance_id=uid,
                                policy=self.settings.speech_over_uninterruptible)
+
+    # -- turn taking ------------------------------------------------------------------------
+    async def _turn_step(self, speech: bool, end_sample: int) -> None:
+        """One window for the end-of-turn decision; at the turn's end the transcript goes out."""
+        decision = self.turn.step(speech, end_sample)
+        if decision is not TurnDecision.TURN_END:
+            return
+        est = self.turn.estimate
+        self.turn.new_turn()
+        if not self._turn_open:
+            # The policy has not closed its speech turn yet: it will, and acts then.
+            self._turn_ended_early = self.policy.state is not PolicyState.IDLE
+            return
+        self._turn_open = False
+        self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms,
+                  wait_ms=round(est.wait_ms, 1) if est else None,
+                  p_end=round(est.p_end, 3) if est else None,
+                  text_hold=est.text_hold if est else False)
+        await self._finish_transcription()
 
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:

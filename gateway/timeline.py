@@ -30,6 +30,8 @@ EVENT_TYPES = frozenset(
         "bot_utterance_resumed",
         "dtmf",
         "transcript",
+        "turn_end",
+        "turn_resumed",
         "call_ended",
     }
 )
