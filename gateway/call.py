@@ -155,6 +155,11 @@ class CallSession:
         self.turn = TurnDetector(self.settings.turn)
         self._turn_open = False  # a caller turn whose transcript is not published yet
         self._turn_ended_early = False  # the wait ran out before the policy's speech_stopped
+        # Never talk over a caller who resumed: the last turn's text while its reply is not yet
+        # heard, and the text a resumed turn carries into its successor.
+        self._unanswered: str | None = None
+        self._turn_end_ms = 0.0
+        self._merge_text: str | None = None
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -198,6 +203,9 @@ class CallSession:
             await self._on_dtmf(msg)
         elif isinstance(msg, tp.Mark):
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
+            u = self.playback.current
+            if self._unanswered is not None and u is not None and u.heard_ms > 0:
+                self._unanswered = None  # the caller has heard the reply begin: turn closed
         elif isinstance(msg, tp.Stop):
             await self.end("stop")
 
@@ -271,6 +279,8 @@ class CallSession:
             self._start_transcription()
             self.emit("speech_started")
             await self.publish("speech_started", over_uninterruptible=over)
+            if self._unanswered is not None and not over:
+                await self._hold_reply()
         elif d is Decision.SPEECH_STOPPED:
             if self._stt_backchannel or (self._over_uninterruptible
                                          and self.settings.speech_over_uninterruptible == "drop"):
@@ -335,6 +345,24 @@ class CallSession:
                   text_hold=est.text_hold if est else False)
         await self._finish_transcription()
 
+    async def _hold_reply(self) -> None:
+        """The caller spoke again after a turn end, before hearing any of the reply: drop the
+        reply (queued audio and the generation behind it) and carry the turn's words into the
+        next transcript, which replaces the last one (``replaces_previous``)."""
+        text, self._unanswered = self._unanswered, None
+        u = self.playback.current
+        if u is not None and not u.interruptible:
+            return  # a reply that must be heard in full plays; the caller's words are a new turn
+        self._merge_text = text
+        self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
+                  after_ms=round(self.now_ms - self._turn_end_ms, 1))
+        if u is not None:
+            await self._interrupt(reason="resumed")
+        else:
+            # The reply is still being generated: the worker cancels it (unknown utterance).
+            await self.publish("interrupt", utterance_id=None, heard_ms=0.0, node=None,
+                               reason="resumed")
+
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:
         if self._transcriber is None or self._stt_stream is not None:
@@ -372,10 +400,17 @@ class CallSession:
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return
-        extra = {"dropped": reason} if dropped else {}
+        extra: dict[str, Any] = {"dropped": reason} if dropped else {}
+        if self._merge_text is not None and not dropped:
+            # One user message for the whole turn: the words before the caller resumed, then these.
+            text = f"{self._merge_text} {text}".strip()
+            self._merge_text = None
+            extra["replaces_previous"] = True
         self.emit("transcript", text=text, final=True, **extra)
         if text and not dropped:
-            await self.publish("transcript", text=text, final=True)
+            await self.publish("transcript", text=text, final=True, **extra)
+            self._unanswered = text
+            self._turn_end_ms = self.now_ms
 
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
