@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -71,7 +72,7 @@ class OpenAIStub:
         await request.post()  # the whole multipart upload
         self.requests.append((request.path, time.perf_counter()))
         await asyncio.sleep(self.latencies.stt_ms / 1000)
-        return web.json_response({"text": self.TRANSCRIPT})
+        return _closing(web.json_response({"text": self.TRANSCRIPT}))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -79,15 +80,18 @@ class OpenAIStub:
         words = self.REPLY.split(" ")
         await asyncio.sleep(self.latencies.llm_ms / 1000)
         if not body.get("stream"):
-            return web.json_response(_completion(self.REPLY, body.get("model", "stub")))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i, word in enumerate(words):
-            piece = word if i == 0 else " " + word
-            await resp.write(_sse(_chunk(piece, body.get("model", "stub"))))
-        await resp.write(_sse(_chunk(None, body.get("model", "stub"), finish="stop")))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+            return _closing(web.json_response(_completion(self.REPLY, body.get("model", "stub"))))
+        resp = _closing(web.StreamResponse(headers={"Content-Type": "text/event-stream"}))
+        try:  # the gateway cancels a reply the caller did not wait for: the client goes away
+            await resp.prepare(request)
+            for i, word in enumerate(words):
+                piece = word if i == 0 else " " + word
+                await resp.write(_sse(_chunk(piece, body.get("model", "stub"))))
+            await resp.write(_sse(_chunk(None, body.get("model", "stub"), finish="stop")))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
         return resp
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
@@ -96,13 +100,26 @@ class OpenAIStub:
         await asyncio.sleep(self.latencies.tts_ms / 1000)
         seconds = min(3.0, 0.065 * len(str(body.get("input", ""))))
         pcm = _buzz(seconds)
-        resp = web.StreamResponse(headers={"Content-Type": "audio/pcm"})
-        await resp.prepare(request)
-        step = 4800  # 100 ms at 24 kHz, 16-bit
-        for i in range(0, len(pcm), step):
-            await resp.write(pcm[i:i + step])
-        await resp.write_eof()
+        resp = _closing(web.StreamResponse(headers={"Content-Type": "audio/pcm"}))
+        try:
+            await resp.prepare(request)
+            step = 4800  # 100 ms at 24 kHz, 16-bit
+            for i in range(0, len(pcm), step):
+                await resp.write(pcm[i:i + step])
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
         return resp
+
+
+_R = TypeVar("_R", bound=web.StreamResponse)
+
+
+def _closing(resp: _R) -> _R:
+    """No keep-alive: the clients of the gateway and worker pool their connections, and a pooled
+    connection to a stub that is gone is a transport nobody closes."""
+    resp.force_close()
+    return resp
 
 
 def _buzz(seconds: float) -> bytes:

@@ -13,11 +13,13 @@ speech -> the first ``bot_utterance_started`` after it, at its ``play_at_ms``):
 
 * ``v2v``: voice to voice;
 * ``decide``: labelled end of speech -> ``turn_end`` (the VAD's tail plus the turn wait);
-* ``own``: what is neither the turn wait nor the providers: ``v2v - decide - (stt + llm + tts)``
-  (gateway, bus, worker, HTTP on loopback, resampling, pacing).
+* ``own``: what is neither waiting for the turn's end nor waiting for the providers: first
+  audio - max(turn_end, transcript sent + stt + llm + tts), where the transcript is sent at
+  ``turn_likely`` (callgate starts the reply early and holds it until ``turn_end``) or at
+  ``turn_end`` (gateway, bus, worker, HTTP on loopback, resampling, pacing).
 
 Two methods in the same run: callgate's turn taking (the agent's defaults) and a plain silence
-timer (``--baseline-ms``, 700 by default).
+timer (``--baseline-ms``, 700 by default) that sends the transcript at its end.
 """
 
 from __future__ import annotations
@@ -89,9 +91,12 @@ def _measure(name: str, events: list[dict[str, Any]], providers_ms: float) -> li
         first = float(started.get("play_at_ms", started["t_ms"]))
         if first > nxt:
             continue  # the caller spoke again first (held, answered later)
-        v2v = first - end
-        decide = float(turn_end["t_ms"]) - end
-        out.append(TurnLatency(name, end, v2v, decide, v2v - decide - providers_ms))
+        t_end = float(turn_end["t_ms"])
+        likely = [float(e["t_ms"]) for e in events if e["type"] == "turn_likely"
+                  and end - 100 <= float(e["t_ms"]) <= t_end]
+        sent = likely[-1] if likely else t_end
+        floor = max(t_end, sent + providers_ms)
+        out.append(TurnLatency(name, end, first - end, t_end - end, first - floor))
     return out
 
 
@@ -149,7 +154,7 @@ async def _main(args: argparse.Namespace) -> int:
     os.environ.setdefault(KEY_VAR, "sk-bench")
     methods = [("callgate turn taking (defaults)", {}),
                (f"silence timer {args.baseline_ms:.0f} ms",
-                {"mode": "silence", "silence_ms": args.baseline_ms})]
+                {"mode": "silence", "silence_ms": args.baseline_ms, "early_ms": 0})]
     print(f"# providers: stt {lat.stt_ms:.0f} ms, first LLM token {lat.llm_ms:.0f} ms, first TTS "
           f"byte {lat.tts_ms:.0f} ms; recordings: {', '.join(args.recordings)}")
     print("\n| method | turns | voice to voice p50 / p95 | decided (end of speech -> turn end) "

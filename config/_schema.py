@@ -315,6 +315,9 @@ class TurnConfig(_Model):
     """The least wait when the partial transcript ends on a continuation word."""
     silence_ms: float = Field(700.0, ge=0)
     """The fixed wait of ``mode: silence``."""
+    early_ms: float = Field(200.0, ge=0)
+    """Silence after which the transcript goes out so the agent starts its reply, held until the
+    turn's end is confirmed (dropped if the caller goes on); 0: off."""
 
     @model_validator(mode="after")
     def _check_waits(self) -> TurnConfig:

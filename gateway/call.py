@@ -160,6 +160,8 @@ class CallSession:
         self._unanswered: str | None = None
         self._turn_end_ms = 0.0
         self._merge_text: str | None = None
+        self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
+        self._carry_text = False  # the caller went on before the early transcript came back
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -279,6 +281,10 @@ class CallSession:
             self._start_transcription()
             self.emit("speech_started")
             await self.publish("speech_started", over_uninterruptible=over)
+            if self._turn_tentative:
+                self._turn_tentative = False
+                if self._unanswered is None:
+                    self._carry_text = True  # its transcript is still on its way
             if self._unanswered is not None and not over:
                 await self._hold_reply()
         elif d is Decision.SPEECH_STOPPED:
@@ -330,10 +336,26 @@ class CallSession:
     async def _turn_step(self, speech: bool, end_sample: int) -> None:
         """One window for the end-of-turn decision; at the turn's end the transcript goes out."""
         decision = self.turn.step(speech, end_sample)
+        if decision is TurnDecision.TURN_LIKELY and self._turn_open:
+            # Likely over: the agent starts now; its reply waits for the turn end (_pump).
+            self._turn_open = False
+            self._turn_tentative = True
+            self.emit("turn_likely", speech_end_ms=self.turn.last_speech_end_ms,
+                      silence_ms=self.turn.silence_ms)
+            await self._finish_transcription()
+            return
         if decision is not TurnDecision.TURN_END:
             return
         est = self.turn.estimate
         self.turn.new_turn()
+        if self._turn_tentative:
+            self._turn_tentative = False
+            self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms,
+                      wait_ms=round(est.wait_ms, 1) if est else None,
+                      p_end=round(est.p_end, 3) if est else None,
+                      text_hold=est.text_hold if est else False)
+            await self._pump()  # the held reply goes out
+            return
         if not self._turn_open:
             # The policy has not closed its speech turn yet: it will, and acts then.
             self._turn_ended_early = self.policy.state is not PolicyState.IDLE
@@ -401,6 +423,12 @@ class CallSession:
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return
         extra: dict[str, Any] = {"dropped": reason} if dropped else {}
+        if self._carry_text and not dropped:
+            # The caller went on before this came back: it is the start of a longer turn.
+            self._carry_text = False
+            self._merge_text = f"{self._merge_text or ''} {text}".strip()
+            self.emit("transcript", text=text, final=True, dropped="resumed")
+            return
         if self._merge_text is not None and not dropped:
             # One user message for the whole turn: the words before the caller resumed, then these.
             text = f"{self._merge_text} {text}".strip()
@@ -488,6 +516,9 @@ class CallSession:
 
     # -- output ----------------------------------------------------------------------------
     async def _pump(self) -> None:
+        u = self.playback.current
+        if self._turn_tentative and u is not None and u.state is UtteranceState.QUEUED:
+            return  # a reply to a turn that may not be over: held until turn_end
         out = self.playback.pump(self.now_ms)
         if not out.empty:  # most frames: nothing due (a chunk goes every 40 ms)
             await self._apply(out)

@@ -104,6 +104,10 @@ class TurnSettings:
     """The least wait when the partial transcript ends on a continuation word."""
     silence_ms: float = 700.0
     """The fixed wait of ``mode: silence``."""
+    early_ms: float = 200.0
+    """Silence after which the turn is *likely* over (``TURN_LIKELY``): the gateway sends the
+    transcript then, so the agent's reply is being made during the rest of the wait, and holds
+    the reply until the turn end is confirmed. 0 (or a wait shorter than this): off."""
     short_turn_ms: float = 700.0
     """A turn with at most this much speech counts as a short answer (see ProsodyWeights)."""
     weights: ProsodyWeights = field(default_factory=ProsodyWeights)
@@ -125,6 +129,7 @@ class TurnState(enum.Enum):
 class TurnDecision(enum.Enum):
     TURN_END = "turn_end"  # the caller's turn is over: answer now
     TURN_CONTINUED = "turn_continued"  # speech again inside the wait: still the same turn
+    TURN_LIKELY = "turn_likely"  # early_ms of silence: start the reply, hold it until TURN_END
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +192,7 @@ class TurnDetector:
         self._pitch: deque[float] = deque(maxlen=64)  # semitones of voiced windows, ~2 s
         self._speech_ms = 0.0
         self._silence_ms = 0.0
+        self._likely = False  # TURN_LIKELY given in this pause
         self._text = ""
         self.estimate: EndEstimate | None = None
         self.last_speech_end_ms = 0.0
@@ -236,12 +242,17 @@ class TurnDetector:
         if self.state is TurnState.SPEAKING:
             self.state = TurnState.PAUSED
             self._silence_ms = 0.0
+            self._likely = False
             self.estimate = self._estimate()
         self._silence_ms += WINDOW_MS
         assert self.estimate is not None
         if self._silence_ms >= self.estimate.wait_ms:
             self.state = TurnState.IDLE
             return TurnDecision.TURN_END
+        early = self.settings.early_ms
+        if 0 < early <= self._silence_ms and not self._likely:
+            self._likely = True
+            return TurnDecision.TURN_LIKELY
         return None
 
     def end_turn(self) -> None:

@@ -34,7 +34,7 @@ def _run(det: TurnDetector, speech: np.ndarray, silence_ms: float) -> list[tuple
     for k in range(len(audio) // 256):
         det.feed(audio[k * 256:(k + 1) * 256])
         d = det.step(k < n_speech)
-        if d is not None:
+        if d is not None and d is not TurnDecision.TURN_LIKELY:
             out.append(((k + 1) * 32.0, d))
     return out
 
@@ -76,7 +76,11 @@ def test_speech_inside_the_wait_continues_the_turn() -> None:
         d = det.step(k in speech_windows)
         if d is not None:
             got.append((k, d))
-    assert [d for _, d in got] == [TurnDecision.TURN_CONTINUED, TurnDecision.TURN_END]
+    assert [d for _, d in got] == [TurnDecision.TURN_LIKELY, TurnDecision.TURN_CONTINUED,
+                                   TurnDecision.TURN_LIKELY, TurnDecision.TURN_END]
+    # Each pause's TURN_LIKELY comes once, after early_ms of silence.
+    first_pause = max(k for k in speech_windows if k < 800 // 32 + 1)
+    assert (got[0][0] - first_pause) * 32 == pytest.approx(200, abs=32)
     last_speech = max(speech_windows)
     # The fixed wait, counted from the last caller window, to the window.
     assert (got[-1][0] - last_speech) * 32 == pytest.approx(600, abs=32)
@@ -126,3 +130,15 @@ def test_weights_decide_and_settings_are_checked() -> None:
         TurnSettings(patience=0)
     with pytest.raises(ValueError, match="min_wait_ms"):
         TurnSettings(min_wait_ms=900, max_wait_ms=500)
+
+
+def test_no_early_turn_when_early_ms_is_off() -> None:
+    det = TurnDetector(TurnSettings(early_ms=0))
+    audio = np.concatenate([_voice(150, 150, 800), np.zeros(2000 * 8)])
+    got = []
+    for k in range(len(audio) // 256):
+        det.feed(audio[k * 256:(k + 1) * 256])
+        d = det.step(k < 800 // 32)
+        if d is not None:
+            got.append(d)
+    assert got == [TurnDecision.TURN_END]

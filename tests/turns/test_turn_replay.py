@@ -47,12 +47,20 @@ async def test_a_long_hesitant_turn_is_one_turn_and_the_bot_stays_quiet_inside_i
     holder = ConfigHolder(ROOT / "config" / "agents.yaml")
     speech = [e for e in rec.labels(NAME)["events"] if e["kind"] == "speech"]
     first, last = speech[0]["start_ms"], speech[-1]["end_ms"]
-    events = await _replay(holder, holder.current.agents[holder.current.default_agent].turn)
+    defaults = holder.current.agents[holder.current.default_agent].turn
+    events = await _replay(holder, defaults)
 
     ends = [e for e in events if e["type"] == "turn_end"]
-    transcripts = [e for e in events if e["type"] == "transcript" and not e.get("dropped")]
-    assert len(ends) == 1 and len(transcripts) == 1
+    assert len(ends) == 1
     assert last <= ends[0]["t_ms"] <= last + 1300 + 200  # after the last word, within the wait
+    # The transcript goes out early at each pause (turn_likely) so the agent can start; the
+    # caller went on both times before hearing the reply, so each later transcript carries the
+    # whole turn so far and replaces the one before: the agent ends with one user message.
+    transcripts = [e for e in events if e["type"] == "transcript" and not e.get("dropped")]
+    assert len([e for e in events if e["type"] == "turn_resumed"]) == len(transcripts) - 1 >= 2
+    assert all(t.get("replaces_previous") for t in transcripts[1:])
+    for before, after in zip(transcripts, transcripts[1:], strict=False):
+        assert str(after["text"]).startswith(str(before["text"]))
     # The policy still reports each pause (speech_stopped), but none of them ended the turn.
     stopped = [e for e in events if e["type"] == "speech_stopped" and first < e["t_ms"] < last]
     assert len(stopped) >= 2
@@ -66,7 +74,11 @@ async def test_a_long_hesitant_turn_is_one_turn_and_the_bot_stays_quiet_inside_i
     # into them (the caller's next sentence then barges in on it).
     from config import TurnConfig
 
-    timer = await _replay(holder, TurnConfig(mode="silence", silence_ms=200))
+    late = await _replay(holder, defaults.model_copy(update={"early_ms": 0.0}))
+    assert len([e for e in late if e["type"] == "transcript" and not e.get("dropped")]) == 1
+    assert not [e for e in late if e["type"] == "bot_utterance_started" and first <= e["t_ms"] <= last]
+
+    timer = await _replay(holder, TurnConfig(mode="silence", silence_ms=200, early_ms=0))
     assert len([e for e in timer if e["type"] == "turn_end"]) >= 3
     assert [e for e in timer if e["type"] == "bot_utterance_started" and first <= e["t_ms"] <= last]
 
