@@ -228,18 +228,27 @@ async def score(cases: Sequence[Case]) -> list[Scored]:
     return out
 
 
-Method = Callable[[Scored], list[float]]  # turn ends decided, ms of stream time
+Method = Callable[[Scored], list[tuple[float, float]]]
+"""Per case, the turn ends decided: (ms of stream time, when the reply was started: the
+turn_likely before it, or the end itself)."""
 
 
 def detector_method(settings: TurnSettings) -> Method:
     def run(sc: Scored) -> list[float]:
         det = TurnDetector(settings)
         ends = []
+        likely: float | None = None
         for k, speech in enumerate(sc.speech):
             end = (k + 1) * 256
             det.feed(sc.case.audio[k * 256:end])
-            if det.step(speech, end) is TurnDecision.TURN_END:
-                ends.append(end / 8)
+            d = det.step(speech, end)
+            if d is TurnDecision.TURN_LIKELY:
+                likely = end / 8
+            elif d is TurnDecision.TURN_CONTINUED:
+                likely = None
+            elif d is TurnDecision.TURN_END:
+                ends.append((end / 8, likely if likely is not None else end / 8))
+                likely = None
                 det.new_turn()
         return ends
     return run
@@ -247,8 +256,9 @@ def detector_method(settings: TurnSettings) -> Method:
 
 def features_at_pauses(sc: Scored) -> list[tuple[tuple[float, ...], bool]]:
     """The prosody model's inputs at each silence onset of a case, with whether the turn really
-    ended there (for fitting)."""
-    det = TurnDetector()
+    ended there (for fitting). The detector never ends the turn here, so the inputs do not depend
+    on the weights being fitted (a case is one turn)."""
+    det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
     rows: list[tuple[tuple[float, ...], bool]] = []
     prev = False
     for k, speech in enumerate(sc.speech):
@@ -278,11 +288,12 @@ class Outcome:
     audible_1s: int = 0  # false ends whose reply would be heard before the caller resumed
 
 
-REPLY_MS = 550.0
-"""From a turn end to the reply's first audio at the caller with the default provider latencies
-(the transcript streams during the turn; first LLM token 350 ms, first TTS byte 200 ms): a false
-end is *audible* only if the caller's pause outlasts it, since the gateway holds a reply the
-caller has not heard when the caller resumes (docs/turns.md)."""
+REPLY_MS = 700.0
+"""From sending the transcript to the reply's first audio with the default provider latencies
+(final transcript 150 ms after the upload, first LLM token 350 ms, first TTS byte 200 ms). The
+reply is heard at max(turn end, reply started + this): a false end is *heard* only if the
+caller's pause outlasts that, since the gateway drops a reply the caller has not heard when the
+caller goes on (docs/turns.md)."""
 
 
 def evaluate(scored: Sequence[Scored], method: Method, reply_ms: float = REPLY_MS) -> Outcome:
@@ -290,7 +301,8 @@ def evaluate(scored: Sequence[Scored], method: Method, reply_ms: float = REPLY_M
     pauses = false = p1 = f1 = turns_false = missed = audible = 0
     delays = []
     for sc in scored:
-        ends = method(sc)
+        decided = method(sc)
+        ends = [t for t, _ in decided]
         bad = False
         for p0, p1_ in sc.case.pauses:
             hit = any(p0 <= t <= p1_ + 32 for t in ends)
@@ -299,7 +311,7 @@ def evaluate(scored: Sequence[Scored], method: Method, reply_ms: float = REPLY_M
             if p1_ - p0 <= 1000:
                 p1 += 1
                 f1 += hit
-                audible += any(p0 <= t and t + reply_ms < p1_ for t in ends)
+                audible += any(p0 <= t and max(t, s + reply_ms) < p1_ for t, s in decided)
                 bad = bad or hit
         turns_false += bad
         # The end decided after the caller's last speech (earlier ends are in pauses).
@@ -375,7 +387,7 @@ def row(name: str, o: Outcome) -> str:
             f" | {_pct(o.delays, 50):.0f} ms | {_pct(o.delays, 95):.0f} ms | {o.missed} |")
 
 
-HEADER = ("| method | false ends, pauses <= 1 s | ... heard (reply 550 ms after the end) | "
+HEADER = ("| method | false ends, pauses <= 1 s | ... heard (reply 700 ms after it started) | "
           "false ends, all pauses (to 1.5 s) | turns with a false end (<= 1 s) | delay p50 | "
           "delay p95 | no end |\n|---|---|---|---|---|---|---|---|")
 
@@ -420,8 +432,8 @@ class SmartTurn:
         return float(np.asarray(out[0]).ravel()[0])
 
     def method(self, stop_ms: float = 200.0, timeout_ms: float = 3000.0) -> Method:
-        def run(sc: Scored) -> list[float]:
-            ends: list[float] = []
+        def run(sc: Scored) -> list[tuple[float, float]]:
+            ends: list[tuple[float, float]] = []
             start: int | None = None
             quiet = 0.0
             verdict: bool | None = None
@@ -438,7 +450,7 @@ class SmartTurn:
                 if verdict is None and quiet >= stop_ms:
                     verdict = self.probability(sc.case.audio[start:(k + 1) * 256]) > 0.5
                 if (verdict and quiet >= stop_ms) or quiet >= timeout_ms:
-                    ends.append((k + 1) * 32.0)
+                    ends.append(((k + 1) * 32.0, (k + 1) * 32.0))
                     start, verdict, quiet = None, None, 0.0
             return ends
         return run
@@ -475,12 +487,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("# model ROC AUC (ends vs pauses): " + ", ".join(
         f"{k} {auc(v, settings.weights):.2f} (n={len(v)})" for k, v in rows.items()))
     methods: list[tuple[str, Method]] = [
-        (f"silence {ms} ms", detector_method(TurnSettings(mode="silence", silence_ms=ms)))
-        for ms in (200, 300, 500, 700, 1000)
+        (f"silence {ms} ms", detector_method(TurnSettings(mode="silence", silence_ms=ms,
+                                                          early_ms=0)))
+        for ms in (300, 500, 700, 1000, 1200)
     ]
     methods.append((f"prosody (min {settings.min_wait_ms:.0f}, max {settings.max_wait_ms:.0f} ms)",
                     detector_method(settings)))
     methods.append(("prosody, patience 1.3", detector_method(replace(settings, patience=1.3))))
+    methods.append(("prosody, no early start", detector_method(replace(settings, early_ms=0))))
     smart = SmartTurn(args.smart_turn) if args.smart_turn else None
     if smart is not None:
         methods.append((f"smart-turn {smart.model} (stop 200 ms, timeout 3 s)", smart.method()))

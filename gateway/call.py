@@ -336,7 +336,8 @@ class CallSession:
     async def _turn_step(self, speech: bool, end_sample: int) -> None:
         """One window for the end-of-turn decision; at the turn's end the transcript goes out."""
         decision = self.turn.step(speech, end_sample)
-        if decision is TurnDecision.TURN_LIKELY and self._turn_open:
+        if (decision is TurnDecision.TURN_LIKELY and self._turn_open
+                and self._stt_stream is not None):  # no transcript, no reply to hold
             # Likely over: the agent starts now; its reply waits for the turn end (_pump).
             self._turn_open = False
             self._turn_tentative = True
