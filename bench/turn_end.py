@@ -359,8 +359,8 @@ def fit_waits(scored: Sequence[Scored], base: TurnSettings,
     """The (min_wait_ms, max_wait_ms) with the lowest median delay whose audible false ends on
     pauses of at most 1 s stay within ``max_false`` (else the fewest)."""
     best: tuple[float, float, TurnSettings] | None = None
-    for lo in (150, 200, 250, 300, 400, 500):
-        for hi in (500, 700, 900, 1100, 1300, 1600):
+    for lo in (200, 300, 400, 500, 600, 800):
+        for hi in (700, 1000, 1300, 1600, 2000, 2400):
             if hi < lo:
                 continue
             st = replace(base, min_wait_ms=float(lo), max_wait_ms=float(hi))
@@ -382,7 +382,8 @@ def _frac(a: int, b: int) -> str:
 
 
 def row(name: str, o: Outcome) -> str:
-    return (f"| {name} | {_frac(o.false_ends_1s, o.pauses_1s)} | {_frac(o.audible_1s, o.pauses_1s)}"
+    return (f"| {name} | {_frac(o.false_ends_1s, o.pauses_1s)}"
+            f" | {_frac(o.audible_1s, o.pauses_1s)}"
             f" | {o.false_ends}/{o.pauses} | {_frac(o.turns_false, o.turns)}"
             f" | {_pct(o.delays, 50):.0f} ms | {_pct(o.delays, 95):.0f} ms | {o.missed} |")
 
@@ -404,10 +405,12 @@ class SmartTurn:
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()
             onnx = next(n for n in names if n.endswith(".onnx") and "smart-turn" in n)
-            feat_src = z.read(next(n for n in names if n.endswith("smart_turn/_whisper_features.py")))
+            feat_src = z.read(next(n for n in names
+                                   if n.endswith("smart_turn/_whisper_features.py")))
             model = z.read(onnx)
         ns: dict[str, Any] = {}
-        exec(compile(feat_src, "_whisper_features.py", "exec"), ns)  # noqa: S102 - vendored numpy code
+        # The wheel's own numpy feature code, run as is (no pipecat import, nothing installed).
+        exec(compile(feat_src, "_whisper_features.py", "exec"), ns)  # noqa: S102
         self._features = ns["compute_whisper_log_mel_features"]
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
@@ -457,12 +460,14 @@ class SmartTurn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.turn_end", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true", help="refit the prosody model on train voices")
     ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
                     help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
     ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
     args = ap.parse_args(argv)
     if args.smart_turn is not None and not args.smart_turn.is_file():
         print(f"error: --smart-turn: no such wheel {args.smart_turn}", file=sys.stderr)
@@ -470,10 +475,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     import asyncio
 
     t0 = time.perf_counter()
-    cases = build_cases(espeak=not args.no_espeak)
-    scored = asyncio.run(score(cases))
+    if args.scored is not None and args.scored.exists():
+        import pickle
+
+        scored = pickle.loads(args.scored.read_bytes())  # noqa: S301 - our own file
+        cases = [sc.case for sc in scored]
+    else:
+        cases = build_cases(espeak=not args.no_espeak)
+        scored = asyncio.run(score(cases))
+        if args.scored is not None:
+            import pickle
+
+            args.scored.write_bytes(pickle.dumps(scored))
     print(f"# {len(cases)} turns ({sum(c.split == 'train' for c in cases)} train, "
-          f"{sum(c.split == 'check' for c in cases)} check), VAD in {time.perf_counter() - t0:.1f} s")
+          f"{sum(c.split == 'check' for c in cases)} check), "
+          f"VAD in {time.perf_counter() - t0:.1f} s")
     settings = TurnSettings()
     rows = {split: [r for sc in scored if sc.case.split == split for r in features_at_pauses(sc)]
             for split in ("train", "check")}
@@ -508,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(row(name, o))
             report.setdefault(split, {})[name] = {
                 "pauses_1s": o.pauses_1s, "false_ends_1s": o.false_ends_1s, "pauses": o.pauses,
-                "false_ends": o.false_ends, "audible_1s": o.audible_1s, "delay_p50": _pct(o.delays, 50),
+                "false_ends": o.false_ends, "audible_1s": o.audible_1s,
+                "delay_p50": _pct(o.delays, 50),
                 "delay_p95": _pct(o.delays, 95), "missed": o.missed, "turns": o.turns}
     if smart is not None and smart.infer_ms:
         print(f"\n# smart-turn inference: median {np.median(smart.infer_ms):.1f} ms "

@@ -146,7 +146,8 @@ def _row(name: str, turns: Sequence[TurnLatency]) -> str:
     d = [t.decide_ms for t in turns]
     o = [t.own_ms for t in turns]
     return (f"| {name} | {len(turns)} | {_pct(v, 50):.0f} / {_pct(v, 95):.0f} ms | "
-            f"{_pct(d, 50):.0f} / {_pct(d, 95):.0f} ms | {_pct(o, 50):.0f} / {_pct(o, 95):.0f} ms |")
+            f"{_pct(d, 50):.0f} / {_pct(d, 95):.0f} ms | "
+            f"{_pct(o, 50):.0f} / {_pct(o, 95):.0f} ms |")
 
 
 async def _main(args: argparse.Namespace) -> int:

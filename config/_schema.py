@@ -307,9 +307,9 @@ class TurnConfig(_Model):
     answer, a partial transcript ending on "and"/"um"); ``silence``: a fixed ``silence_ms``."""
     patience: float = Field(1.0, gt=0, le=5)
     """Scales every wait: below 1 answers sooner, above 1 lets slow talkers think."""
-    min_wait_ms: float = Field(500.0, ge=0)
+    min_wait_ms: float = Field(800.0, ge=0)
     """The wait after a turn that sounds clearly finished."""
-    max_wait_ms: float = Field(1300.0, ge=0)
+    max_wait_ms: float = Field(2400.0, ge=0)
     """The wait after a turn that sounds clearly unfinished; at least ``min_wait_ms``."""
     text_wait_ms: float = Field(1500.0, ge=0)
     """The least wait when the partial transcript ends on a continuation word."""

@@ -14,7 +14,9 @@ from bench import turns
 
 
 @pytest.mark.slow
-def test_bench_turns_measures_both_methods(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_turns_measures_both_methods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "turns.json"
     assert turns.main(["--recordings", "turn_gap_then_barge_in", "--json", str(out)]) == 0
     printed = capsys.readouterr().out

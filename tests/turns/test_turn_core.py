@@ -26,7 +26,9 @@ def _voice(f0_start: float, f0_end: float, ms: float) -> np.ndarray:
     return (0.1 * x / np.max(np.abs(x))).astype(np.float64)
 
 
-def _run(det: TurnDetector, speech: np.ndarray, silence_ms: float) -> list[tuple[float, TurnDecision]]:
+def _run(
+    det: TurnDetector, speech: np.ndarray, silence_ms: float
+) -> list[tuple[float, TurnDecision]]:
     """Feed speech (every window marked speech) then silence; returns (ms, decision) pairs."""
     audio = np.concatenate([speech, np.zeros(int(silence_ms * RATE / 1000))])
     n_speech = len(speech) // 256
@@ -88,7 +90,7 @@ def test_speech_inside_the_wait_continues_the_turn() -> None:
 
 
 def test_an_unfinished_phrase_waits_at_least_text_wait_ms() -> None:
-    settings = TurnSettings(text_wait_ms=1500)
+    settings = TurnSettings(text_wait_ms=1500, min_wait_ms=300, max_wait_ms=1200)
     sig = _voice(150, 110, 1500)
     for text, hold in (("I want to pay and", True), ("I want to pay", False), ("um", True)):
         det = TurnDetector(settings)

@@ -52,7 +52,7 @@ async def test_a_long_hesitant_turn_is_one_turn_and_the_bot_stays_quiet_inside_i
 
     ends = [e for e in events if e["type"] == "turn_end"]
     assert len(ends) == 1
-    assert last <= ends[0]["t_ms"] <= last + 1300 + 200  # after the last word, within the wait
+    assert last <= ends[0]["t_ms"] <= last + defaults.max_wait_ms + 200  # within the wait
     # The transcript goes out early at each pause (turn_likely) so the agent can start; the
     # caller went on both times before hearing the reply, so each later transcript carries the
     # whole turn so far and replaces the one before: the agent ends with one user message.
@@ -76,9 +76,11 @@ async def test_a_long_hesitant_turn_is_one_turn_and_the_bot_stays_quiet_inside_i
 
     late = await _replay(holder, defaults.model_copy(update={"early_ms": 0.0}))
     assert len([e for e in late if e["type"] == "transcript" and not e.get("dropped")]) == 1
-    assert not [e for e in late if e["type"] == "bot_utterance_started" and first <= e["t_ms"] <= last]
+    assert not [e for e in late
+                if e["type"] == "bot_utterance_started" and first <= e["t_ms"] <= last]
 
     timer = await _replay(holder, TurnConfig(mode="silence", silence_ms=200, early_ms=0))
     assert len([e for e in timer if e["type"] == "turn_end"]) >= 3
-    assert [e for e in timer if e["type"] == "bot_utterance_started" and first <= e["t_ms"] <= last]
+    assert [e for e in timer
+            if e["type"] == "bot_utterance_started" and first <= e["t_ms"] <= last]
 

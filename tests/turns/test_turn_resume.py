@@ -86,7 +86,7 @@ async def test_a_resumed_turn_is_answered_from_one_user_message(
         await worker.aclose()
 
 
-async def test_the_gateway_holds_a_reply_the_caller_did_not_hear_and_sends_the_whole_turn() -> None:
+async def test_the_gateway_holds_a_reply_the_caller_did_not_hear_and_sends_the_turn() -> None:
     """long_turn_librivox through the real gateway with a 200 ms silence timer (a turn end at
     each ~460 ms pause) and an agent too slow to have answered before the caller goes on: each
     time the caller resumes, the gateway cancels the reply being generated and the next
