@@ -30,6 +30,7 @@ from ._schema import (
     ServerConfig,
     STTConfig,
     TTSConfig,
+    TurnConfig,
     TwilioConfig,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "ScriptRule",
     "ServerConfig",
     "TTSConfig",
+    "TurnConfig",
     "TwilioConfig",
     "Validator",
     "load_config",

@@ -322,6 +322,35 @@ class BargeInConfig(_Model):
         return self
 
 
+class TurnConfig(_Model):
+    """Per-agent turn taking: how long the caller may pause before the bot answers
+    (vad/_turn.py, docs/turns.md). Every wait is silence after the caller's last speech."""
+
+    mode: Literal["prosody", "silence"] = "prosody"
+    """``prosody``: the wait follows how finished the turn sounded (pitch at its end, a short
+    answer, a partial transcript ending on "and"/"um"); ``silence``: a fixed ``silence_ms``."""
+    patience: float = Field(1.0, gt=0, le=5)
+    """Scales every wait: below 1 answers sooner, above 1 lets slow talkers think."""
+    min_wait_ms: float = Field(800.0, ge=0)
+    """The wait after a turn that sounds clearly finished."""
+    max_wait_ms: float = Field(2400.0, ge=0)
+    """The wait after a turn that sounds clearly unfinished; at least ``min_wait_ms``."""
+    text_wait_ms: float = Field(1500.0, ge=0)
+    """The least wait when the partial transcript ends on a continuation word."""
+    silence_ms: float = Field(700.0, ge=0)
+    """The fixed wait of ``mode: silence``."""
+    early_ms: float = Field(200.0, ge=0)
+    """Silence after which the transcript goes out so the agent starts its reply, held until the
+    turn's end is confirmed (dropped if the caller goes on); 0: off."""
+
+    @model_validator(mode="after")
+    def _check_waits(self) -> TurnConfig:
+        if self.max_wait_ms < self.min_wait_ms:
+            message = f"expected at least min_wait_ms ({self.min_wait_ms}), got {self.max_wait_ms}"
+            _raise_problems([(("max_wait_ms",), message)])
+        return self
+
+
 class LLMConfig(_Model):
     """The agent's language model (defaults for its ``llm`` nodes)."""
 
@@ -453,6 +482,8 @@ class AgentConfig(_Model):
     stt: STTConfig = STTConfig()
     tts: TTSConfig = TTSConfig()
     barge_in: BargeInConfig = BargeInConfig()
+    turn: TurnConfig = TurnConfig()
+    """When the caller's turn is over and the bot may answer."""
     nodes: list[NodeConfig] = []
     """The node graph; empty: one interruptible node driven by ``llm``."""
     edges: list[Edge] = []

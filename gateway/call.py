@@ -46,6 +46,8 @@ from vad import (
     VadStream,
 )
 
+from vad._turn import TurnDecision, TurnDetector, TurnSettings
+
 from . import twilio_protocol as tp
 from .audio import TELEPHONY_RATE, ulaw_to_float32, ulaw_to_pcm16
 from .logs import RateLimitedLog
@@ -93,6 +95,9 @@ class CallSettings:
     """What the caller said over a non-interruptible utterance: ``keep`` hands it to the agent
     as the next turn once the utterance is over; ``drop`` discards it (published flagged)."""
     max_payload_bytes: int = tp.DEFAULT_MAX_PAYLOAD_BYTES
+    turn: TurnSettings = field(default_factory=TurnSettings)
+    """When the caller's turn is over (vad/_turn.py): its transcript is published then, not at
+    the first ``speech_stopped``; speech inside the wait continues the same turn."""
 
 
 Authorize = Callable[[tp.Start], Awaitable[CallInfo]]
@@ -166,6 +171,16 @@ class CallSession:
             # CallSettings.dtmf_interrupts (the agent's YAML) is the switch; the policy acts on it.
             barge_in = replace(barge_in, dtmf_interrupts=self.settings.dtmf_interrupts)
         self.policy = BargeInPolicy(barge_in)
+        self.turn = TurnDetector(self.settings.turn)
+        self._turn_open = False  # a caller turn whose transcript is not published yet
+        self._turn_ended_early = False  # the wait ran out before the policy's speech_stopped
+        # Never talk over a caller who resumed: the last turn's text while its reply is not yet
+        # heard, and the text a resumed turn carries into its successor.
+        self._unanswered: str | None = None
+        self._turn_end_ms = 0.0
+        self._merge_text: str | None = None
+        self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
+        self._carry_text = False  # the caller went on before the early transcript came back
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -209,6 +224,9 @@ class CallSession:
             await self._on_dtmf(msg)
         elif isinstance(msg, tp.Mark):
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
+            u = self.playback.current
+            if self._unanswered is not None and u is not None and u.heard_ms > 0:
+                self._unanswered = None  # the caller has heard the reply begin: turn closed
         elif isinstance(msg, tp.Stop):
             await self.end("stop")
 
@@ -261,6 +279,7 @@ class CallSession:
         # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
         # frame completes at most one window, so this is the state after the previous window.
         stream.gate_adapt = self.policy.state is PolicyState.IDLE
+        self.turn.feed(samples)
         cancelled = self._cancelled
         if cancelled is not None and self._aec is not None:
             # Silero also hears the frame with the bot's echo removed (a second stream on the
@@ -272,9 +291,12 @@ class CallSession:
         for k, r in enumerate(results):
             assert r.gate is not None and r.features is not None
             p_clean = clean[k].prob if k < len(clean) else None
+            caller = self.policy.is_caller(r.prob, r.gate, r.features, p_clean)
             for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state(),
                                       clean_prob=p_clean):
                 await self._decide(d)
+            await self._turn_step(caller and self.policy.state is not PolicyState.IDLE,
+                                  r.end_sample)
             if self.timeline.sampling:  # the ops stream's readings (gateway/ops.py)
                 self.timeline.sample(r.end_sample / 8, "in", prob=r.prob, gate=r.gate,
                                      state=self.policy.state.value)
@@ -294,8 +316,26 @@ class CallSession:
             self._start_transcription()
             self.emit("speech_started")
             await self.publish("speech_started", over_uninterruptible=over)
+            if self._turn_tentative:
+                self._turn_tentative = False
+                if self._unanswered is None:
+                    self._carry_text = True  # its transcript is still on its way
+            if self._unanswered is not None and not over:
+                await self._hold_reply()
         elif d is Decision.SPEECH_STOPPED:
-            await self._finish_transcription()
+            if self._stt_backchannel or (self._over_uninterruptible
+                                         and self.settings.speech_over_uninterruptible == "drop"):
+                # Not a turn for the agent: its words are settled here and now.
+                self.turn.end_turn()
+                self._turn_open = False
+                await self._finish_transcription()
+            elif self._turn_ended_early:  # a wait shorter than the policy's stop_windows
+                self._turn_ended_early = False
+                self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms, wait_ms=None,
+                          p_end=None, text_hold=False)
+                await self._finish_transcription()
+            else:
+                self._turn_open = True  # the transcript waits for the turn's end (_turn_step)
             self.emit("speech_stopped")
             await self.publish("speech_stopped", over_uninterruptible=self._over_uninterruptible,
                                dropped=self._over_uninterruptible
@@ -329,6 +369,60 @@ class CallSession:
                       policy=self.settings.speech_over_uninterruptible)
             await self.publish("interrupt_suppressed", utterance_id=uid,
                                policy=self.settings.speech_over_uninterruptible)
+
+    # -- turn taking ------------------------------------------------------------------------
+    async def _turn_step(self, speech: bool, end_sample: int) -> None:
+        """One window for the end-of-turn decision; at the turn's end the transcript goes out."""
+        decision = self.turn.step(speech, end_sample)
+        if (decision is TurnDecision.TURN_LIKELY and self._turn_open
+                and self._stt_stream is not None):  # no transcript, no reply to hold
+            # Likely over: the agent starts now; its reply waits for the turn end (_pump).
+            self._turn_open = False
+            self._turn_tentative = True
+            self.emit("turn_likely", speech_end_ms=self.turn.last_speech_end_ms,
+                      silence_ms=self.turn.silence_ms)
+            await self._finish_transcription()
+            return
+        if decision is not TurnDecision.TURN_END:
+            return
+        est = self.turn.estimate
+        self.turn.new_turn()
+        if self._turn_tentative:
+            self._turn_tentative = False
+            self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms,
+                      wait_ms=round(est.wait_ms, 1) if est else None,
+                      p_end=round(est.p_end, 3) if est else None,
+                      text_hold=est.text_hold if est else False)
+            await self._pump()  # the held reply goes out
+            return
+        if not self._turn_open:
+            # The policy has not closed its speech turn yet: it will, and acts then.
+            self._turn_ended_early = self.policy.state is not PolicyState.IDLE
+            return
+        self._turn_open = False
+        self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms,
+                  wait_ms=round(est.wait_ms, 1) if est else None,
+                  p_end=round(est.p_end, 3) if est else None,
+                  text_hold=est.text_hold if est else False)
+        await self._finish_transcription()
+
+    async def _hold_reply(self) -> None:
+        """The caller spoke again after a turn end, before hearing any of the reply: drop the
+        reply (queued audio and the generation behind it) and carry the turn's words into the
+        next transcript, which replaces the last one (``replaces_previous``)."""
+        text, self._unanswered = self._unanswered, None
+        u = self.playback.current
+        if u is not None and not u.interruptible:
+            return  # a reply that must be heard in full plays; the caller's words are a new turn
+        self._merge_text = text
+        self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
+                  after_ms=round(self.now_ms - self._turn_end_ms, 1))
+        if u is not None:
+            await self._interrupt(reason="resumed")
+        else:
+            # The reply is still being generated: the worker cancels it (unknown utterance).
+            await self.publish("interrupt", utterance_id=None, heard_ms=0.0, node=None,
+                               reason="resumed")
 
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:
@@ -367,10 +461,23 @@ class CallSession:
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return
-        extra = {"dropped": reason} if dropped else {}
+        extra: dict[str, Any] = {"dropped": reason} if dropped else {}
+        if self._carry_text and not dropped:
+            # The caller went on before this came back: it is the start of a longer turn.
+            self._carry_text = False
+            self._merge_text = f"{self._merge_text or ''} {text}".strip()
+            self.emit("transcript", text=text, final=True, dropped="resumed")
+            return
+        if self._merge_text is not None and not dropped:
+            # One user message for the whole turn: the words before the caller resumed, then these.
+            text = f"{self._merge_text} {text}".strip()
+            self._merge_text = None
+            extra["replaces_previous"] = True
         self.emit("transcript", text=text, final=True, **extra)
         if text and not dropped:
-            await self.publish("transcript", text=text, final=True)
+            await self.publish("transcript", text=text, final=True, **extra)
+            self._unanswered = text
+            self._turn_end_ms = self.now_ms
 
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
@@ -456,6 +563,9 @@ class CallSession:
 
     # -- output ----------------------------------------------------------------------------
     async def _pump(self) -> None:
+        u = self.playback.current
+        if self._turn_tentative and u is not None and u.state is UtteranceState.QUEUED:
+            return  # a reply to a turn that may not be over: held until turn_end
         out = self.playback.pump(self.now_ms)
         if not out.empty:  # most frames: nothing due (a chunk goes every 40 ms)
             await self._apply(out)

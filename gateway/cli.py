@@ -34,7 +34,8 @@ def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     return {
         "agent": lambda bus, stop: run_worker(holder, bus, stop=stop),
         "transcriber_for": lambda info: transcribers(info.agent),
-        "settings": call_settings_from(cfg.agents[cfg.default_agent].barge_in),
+        "settings": call_settings_from(cfg.agents[cfg.default_agent].barge_in,
+                                       cfg.agents[cfg.default_agent].turn),
     }
 
 

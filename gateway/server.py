@@ -48,6 +48,7 @@ from twilio.twiml.voice_response import Connect, Say, Stream, VoiceResponse
 
 from bus import Bus, CallInfo
 from vad import AecMode, BargeInSettings, EchoGateSettings, VadEngine
+from vad._turn import TurnSettings
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
@@ -645,10 +646,12 @@ def token_secret_from_env() -> bytes:
 
 
 # -- from the YAML config ---------------------------------------------------------------------
-def call_settings_from(barge_in: Any) -> CallSettings:
-    """Map an agent's ``barge_in`` section (config.BargeInConfig) to the call's settings."""
+def call_settings_from(barge_in: Any, turn: Any = None) -> CallSettings:
+    """Map an agent's ``barge_in`` section (config.BargeInConfig) and ``turn`` section
+    (config.TurnConfig; None: the defaults) to the call's settings."""
     b = barge_in
     return CallSettings(
+        turn=TurnSettings(**turn.model_dump()) if turn is not None else TurnSettings(),
         barge_in=BargeInSettings(p_on=b.p_on, p_off=b.p_off, start_windows=b.start_windows,
                                  stop_windows=b.stop_windows, commit_ms=b.commit_ms,
                                  resume_on_backchannel=b.resume_on_backchannel,
@@ -727,7 +730,8 @@ def settings_from_config(holder: Any) -> GatewaySettings:
         return str(holder.current.agent_for_number(to).name)
 
     def call_settings_for(agent: str) -> CallSettings:
-        return call_settings_from(holder.current.agent(agent).barge_in)
+        agent_config = holder.current.agent(agent)
+        return call_settings_from(agent_config.barge_in, agent_config.turn)
 
     console = cfg.console
     ops_token = console.auth_token.get_secret_value() if console.auth_token else None

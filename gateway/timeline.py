@@ -30,6 +30,9 @@ EVENT_TYPES = frozenset(
         "bot_utterance_resumed",
         "dtmf",
         "transcript",
+        "turn_likely",
+        "turn_end",
+        "turn_resumed",
         "call_ended",
     }
 )

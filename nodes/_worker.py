@@ -102,6 +102,7 @@ from ._node import Node
 from ._output_agent import OutputAgentNode
 from ._session import AgentSession, SessionState
 from ._tts import MULAW_BYTES_PER_MS, Synthesizer, ToneSynthesizer
+from ._turns import drop_last_user_turn
 
 __all__ = ["AgentFactory", "SessionWorker", "SetupFn", "load_agent"]
 
@@ -448,6 +449,8 @@ class SessionWorker:
             text = event.get("text")
             if not isinstance(text, str) or not text.strip() or not event.get("final", True):
                 return None
+            if event.get("replaces_previous"):  # the caller resumed: one message per turn
+                drop_last_user_turn(session.output_nodes)
             message = SDKAgentTranscriptUpdateEvent(role="user", content=text)
             applied = asyncio.Event()
             message._applied = applied

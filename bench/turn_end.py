@@ -1,0 +1,539 @@
+"""End-of-turn detection on labelled phone turns: false turn ends in the caller's pauses and the
+delay added at true ends, per method, fitted on one split of voices and reported on the other.
+
+Run: ``python -m bench.turn_end`` (a minute or two; ``--fit`` refits the prosody model on the
+train voices and prints the weights; ``--smart-turn PATH`` adds Pipecat's smart-turn v3 from a
+``pipecat_ai-*.whl`` got with ``pip download pipecat-ai --no-deps``: nothing is installed,
+the ONNX model and its numpy feature code are read from the wheel).
+
+The turns (all real human voices unless marked):
+
+* the caller turns of the development recordings (``tests/recordings``) whose caller is clean
+  (nothing but the caller's room tone and line hiss under the speech); speech events less than
+  1.5 s apart are one turn (long_turn_librivox is one turn with two ~460 ms pauses between
+  sentences; the labels' ``segments_ms`` pauses count too);
+* the same turns with a hesitation pause inserted at a word gap (the quietest 40 ms run inside
+  20-85% of a segment, up to three per turn) of 200, 350, 500, 750, 1000 and 1500 ms of the
+  line's own noise level: the phrase before the pause is unfinished;
+* complete short answers: the real "yes" of the dev set, and eSpeak NG "no", "yes" and a digit
+  string (marked ``espeak``: no real human recording of them is here).
+
+Each turn is followed by 3.5 s of line noise. Every method sees the same per-window verdicts of
+the gateway's own VAD chain (Silero + echo/noise gate + ``BargeInPolicy.is_caller``). A *false
+end* is a turn end decided inside a pause (before the caller resumes); the *delay* is from the
+labelled end of speech to the turn end decided. The split is by voice, as linesim's
+(``REAL_VOICE_SPLIT``): train = librivox, ljspeech, speechbrain_spk1, pocketsphinx_goforward;
+check = jfk, timit_ldc93s1, speech_commands_yes (and the eSpeak short answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from vad import BargeInPolicy, BotState, EchoGateSettings, PolicyState, VadEngine
+from vad._turn import ProsodyWeights, TurnDecision, TurnDetector, TurnSettings
+
+RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "recordings"
+VOICE_SPLIT = {
+    "librivox": "train", "ljspeech": "train", "speechbrain_spk1": "train",
+    "pocketsphinx_goforward": "train",
+    "jfk": "check", "timit_ldc93s1": "check", "speech_commands_yes": "check", "espeak": "check",
+}
+PAUSES_MS = (200, 350, 500, 750, 1000, 1500)
+TAIL_MS = 3500
+RATE = 8000
+Floats = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One labelled turn as the gateway would hear it."""
+
+    name: str
+    voice: str
+    audio: Floats
+    end_ms: float  # labelled end of the turn's speech
+    pauses: tuple[tuple[float, float], ...]  # (start, end) ms of pauses inside the turn
+    kind: str  # natural / hesitation / short
+
+    @property
+    def split(self) -> str:
+        return VOICE_SPLIT[self.voice]
+
+
+@dataclass(slots=True)
+class Scored:
+    """A case with the VAD chain's verdict per window (computed once, shared by methods)."""
+
+    case: Case
+    speech: list[bool] = field(default_factory=list)
+
+
+def _noise(ms: float, level: float, rng: np.random.Generator) -> Floats:
+    return (rng.standard_normal(int(ms * RATE / 1000)) * level).astype(np.float32)
+
+
+def _floor(x: Floats) -> float:
+    frames = x[: len(x) // 80 * 80].reshape(-1, 80)
+    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
+    return float(max(np.percentile(rms, 10), 1e-5))
+
+
+def _word_gaps(x: Floats, lo: int, hi: int, n: int) -> list[int]:
+    """Up to ``n`` cut points (sample index) at the quietest 40 ms runs in [lo, hi)."""
+    hop = 80  # 10 ms
+    seg = x[lo:hi].astype(np.float64)
+    m = len(seg) // hop
+    if m < 10:
+        return []
+    e = 10 * np.log10(np.mean(seg[: m * hop].reshape(m, hop) ** 2, axis=1) + 1e-12)
+    run = np.convolve(e, np.ones(4) / 4, mode="valid")  # 40 ms
+    a, b = int(m * 0.2), int(m * 0.85) - 3
+    if b <= a:
+        return []
+    order = np.argsort(run[a:b]) + a
+    picks: list[int] = []
+    for i in order:
+        if run[i] > np.max(e) - 20:
+            break
+        if all(abs(i - p) > 50 for p in picks):  # 500 ms apart
+            picks.append(int(i))
+        if len(picks) == n:
+            break
+    return sorted(lo + (p + 2) * hop for p in picks)
+
+
+def _turn_groups(labels: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    events = [e for e in labels["events"] if e["kind"] in ("speech", "backchannel")
+              and str(e["source"]).startswith("real:") and e.get("voice") in VOICE_SPLIT]
+    groups: list[list[dict[str, Any]]] = []
+    for e in events:
+        others = [o for o in labels["events"] if o is not e and o["kind"] not in
+                  ("speech", "backchannel") and o["start_ms"] < e["end_ms"]
+                  and o["end_ms"] > e["start_ms"] - 400
+                  and o.get("noise_type") not in ("caller_room_tone", "line_hiss")]
+        if others:
+            groups.append([])  # an unclean event breaks grouping, and is not used
+            continue
+        if groups and groups[-1] and e["start_ms"] - groups[-1][-1]["end_ms"] < 1500:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    return [g for g in groups if g]
+
+
+def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case]:
+    rng = np.random.default_rng(17)
+    cases: list[Case] = []
+    for path in sorted(recordings.glob("*.json")):
+        labels = json.loads(path.read_text())
+        wav = path.with_suffix(".wav")
+        if not wav.exists():
+            continue
+        x = ulaw_to_float32(read_wav_ulaw(wav))
+        for gi, group in enumerate(_turn_groups(labels)):
+            start = max(0, int((group[0]["start_ms"] - 400) * 8))
+            end = int(group[-1]["end_ms"] * 8)
+            clip = x[start:end]
+            level = _floor(clip)
+            voice = str(group[0]["voice"])
+            pauses: list[tuple[float, float]] = []
+            segs: list[tuple[float, float]] = []
+            for e in group:
+                for s0, s1 in e.get("segments_ms") or [[e["start_ms"], e["end_ms"]]]:
+                    segs.append((s0 - start / 8, s1 - start / 8))
+            for (_, a1), (b0, _) in zip(segs, segs[1:], strict=False):
+                pauses.append((a1, b0))
+            name = f"{labels['name']}#{gi}"
+            audio = np.concatenate([clip, _noise(TAIL_MS, level, rng)])
+            kind = "short" if group[-1]["end_ms"] - group[0]["start_ms"] < 800 else "natural"
+            cases.append(Case(name, voice, audio, end / 8 - start / 8, tuple(pauses), kind))
+            if kind == "short":
+                continue
+            cuts = []
+            for s0, s1 in segs:
+                cuts += _word_gaps(clip, int(s0 * 8), int(s1 * 8), 3)
+            for ci, cut in enumerate(cuts[:3]):
+                for d in PAUSES_MS:
+                    ins = _noise(d, level, rng)
+                    a = np.concatenate([clip[:cut], ins, clip[cut:], _noise(TAIL_MS, level, rng)])
+                    shift = lambda t, c=cut, d=d: t + d if t * 8 >= c else t  # noqa: E731
+                    ps = [(shift(p0), shift(p1)) for p0, p1 in pauses]
+                    ps.append((cut / 8, cut / 8 + d))
+                    cases.append(Case(f"{name}@cut{ci}+{d}", voice, a, end / 8 - start / 8 + d,
+                                      tuple(sorted(ps)), "hesitation"))
+    if espeak:
+        cases += _espeak_cases(rng)
+    return cases
+
+
+def _espeak_cases(rng: np.random.Generator) -> list[Case]:
+    from speech import EspeakSynthesizer
+
+    out = []
+    try:
+        synth = EspeakSynthesizer(voice="en-gb-scotland+m4")
+    except Exception as exc:  # noqa: BLE001 - eSpeak missing only drops these cases
+        print(f"# eSpeak NG unavailable ({exc}); no synthetic short answers", file=sys.stderr)
+        return out
+    import asyncio
+
+    for text in ("No.", "Yes.", "Four one two seven."):
+        x = ulaw_to_float32(asyncio.run(_render(synth, text)))
+        nz = np.nonzero(np.abs(x) > 0.01)[0]
+        x = x[: nz[-1] + 1] if len(nz) else x
+        level = 10 ** (-60 / 20)
+        audio = np.concatenate([_noise(400, level, rng), x, _noise(TAIL_MS, level, rng)])
+        out.append(Case(f"espeak:{text}", "espeak", audio, 400 + len(x) / 8, (), "short"))
+    return out
+
+
+async def _render(synth: Any, text: str) -> bytes:
+    chunks = []
+    async for chunk in synth.synthesize(text):  # mu-law, 8 kHz
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def score(cases: Sequence[Case]) -> list[Scored]:
+    """Per case, the gateway's VAD chain verdict on each 32 ms window."""
+    out = []
+    async with VadEngine(runtime="onnx") as engine:
+        for case in cases:
+            stream = engine.open_stream(echo=EchoGateSettings())
+            policy = BargeInPolicy()
+            sc = Scored(case)
+            for i in range(0, len(case.audio), 160):
+                for r in stream.process_now(case.audio[i:i + 160]):
+                    assert r.gate is not None and r.features is not None
+                    # As the gateway steps its TurnDetector: caller windows of a speech turn.
+                    caller = policy.is_caller(r.prob, r.gate, r.features)
+                    policy.step(r.prob, r.gate, r.features, BotState.SILENT)
+                    sc.speech.append(caller and policy.state is not PolicyState.IDLE)
+            stream.close()
+            out.append(sc)
+    return out
+
+
+Method = Callable[[Scored], list[tuple[float, float]]]
+"""Per case, the turn ends decided: (ms of stream time, when the reply was started: the
+turn_likely before it, or the end itself)."""
+
+
+def detector_method(settings: TurnSettings) -> Method:
+    def run(sc: Scored) -> list[float]:
+        det = TurnDetector(settings)
+        ends = []
+        likely: float | None = None
+        for k, speech in enumerate(sc.speech):
+            end = (k + 1) * 256
+            det.feed(sc.case.audio[k * 256:end])
+            d = det.step(speech, end)
+            if d is TurnDecision.TURN_LIKELY:
+                likely = end / 8
+            elif d is TurnDecision.TURN_CONTINUED:
+                likely = None
+            elif d is TurnDecision.TURN_END:
+                ends.append((end / 8, likely if likely is not None else end / 8))
+                likely = None
+                det.new_turn()
+        return ends
+    return run
+
+
+def features_at_pauses(sc: Scored) -> list[tuple[tuple[float, ...], bool]]:
+    """The prosody model's inputs at each silence onset of a case, with whether the turn really
+    ended there (for fitting). The detector never ends the turn here, so the inputs do not depend
+    on the weights being fitted (a case is one turn)."""
+    det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
+    rows: list[tuple[tuple[float, ...], bool]] = []
+    prev = False
+    for k, speech in enumerate(sc.speech):
+        end = (k + 1) * 256
+        det.feed(sc.case.audio[k * 256:end])
+        if prev and not speech:
+            t = k * 32.0
+            if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses):
+                rows.append((det.features(), False))
+            elif t >= sc.case.end_ms - 150:
+                rows.append((det.features(), True))
+        det.step(speech, end)
+        prev = speech
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    pauses: int = 0
+    false_ends: int = 0
+    pauses_1s: int = 0
+    false_ends_1s: int = 0
+    turns: int = 0
+    turns_false: int = 0  # turns with a false end in a pause of <= 1 s
+    delays: tuple[float, ...] = ()
+    missed: int = 0
+    audible_1s: int = 0  # false ends whose reply would be heard before the caller resumed
+
+
+REPLY_MS = 700.0
+"""From sending the transcript to the reply's first audio with the default provider latencies
+(final transcript 150 ms after the upload, first LLM token 350 ms, first TTS byte 200 ms). The
+reply is heard at max(turn end, reply started + this): a false end is *heard* only if the
+caller's pause outlasts that, since the gateway drops a reply the caller has not heard when the
+caller goes on (docs/turns.md)."""
+
+
+def evaluate(scored: Sequence[Scored], method: Method, reply_ms: float = REPLY_MS) -> Outcome:
+    o = Outcome()
+    pauses = false = p1 = f1 = turns_false = missed = audible = 0
+    delays = []
+    for sc in scored:
+        decided = method(sc)
+        ends = [t for t, _ in decided]
+        bad = False
+        for p0, p1_ in sc.case.pauses:
+            hit = any(p0 <= t <= p1_ + 32 for t in ends)
+            pauses += 1
+            false += hit
+            if p1_ - p0 <= 1000:
+                p1 += 1
+                f1 += hit
+                audible += any(p0 <= t and max(t, s + reply_ms) < p1_ for t, s in decided)
+                bad = bad or hit
+        turns_false += bad
+        # The end decided after the caller's last speech (earlier ends are in pauses).
+        if ends and ends[-1] > sc.case.end_ms - 300:
+            delays.append(ends[-1] - sc.case.end_ms)
+        else:
+            missed += 1
+    return replace(o, pauses=pauses, false_ends=false, pauses_1s=p1, false_ends_1s=f1,
+                   turns=len(scored), turns_false=turns_false, delays=tuple(delays),
+                   missed=missed, audible_1s=audible)
+
+
+def fit_logistic(rows: Sequence[tuple[tuple[float, ...], bool]],
+                 short_turn: float) -> ProsodyWeights:
+    """Logistic regression of "the turn ended here" on (pitch position, pitch slope), ends and
+    pauses weighted equally (pauses outnumber ends), a little L2; the short-turn term is kept as
+    given (a prior: too few short answers to fit)."""
+    x = np.array([r[0][:2] for r in rows], dtype=np.float64)
+    y = np.array([1.0 if r[1] else 0.0 for r in rows])
+    mu, sd = x.mean(axis=0), x.std(axis=0) + 1e-9
+    zb = np.hstack([np.ones((len(x), 1)), (x - mu) / sd])
+    w = np.zeros(zb.shape[1])
+    cw = np.where(y > 0, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
+    for _ in range(3000):
+        p = 1 / (1 + np.exp(-zb @ w))
+        w -= 0.5 * (zb.T @ (cw * (p - y)) / len(y) + 0.01 * np.r_[0, w[1:]])
+    coef = w[1:] / sd
+    bias = w[0] - float(np.sum(w[1:] * mu / sd))
+    return ProsodyWeights(bias=round(float(bias), 3), pitch_position=round(float(coef[0]), 3),
+                          pitch_slope=round(float(coef[1]), 4), short_turn=short_turn)
+
+
+def auc(rows: Sequence[tuple[tuple[float, ...], bool]], weights: ProsodyWeights) -> float:
+    """ROC AUC of the model's score: ends against pauses."""
+    s = [weights.pitch_position * r[0][0] + weights.pitch_slope * r[0][1] for r in rows]
+    pos = [v for v, r in zip(s, rows, strict=True) if r[1]]
+    neg = [v for v, r in zip(s, rows, strict=True) if not r[1]]
+    if not pos or not neg:
+        return math.nan
+    return float(np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg]))
+
+
+def fit_waits(scored: Sequence[Scored], base: TurnSettings,
+              max_false: float = 0.02) -> TurnSettings:
+    """The (min_wait_ms, max_wait_ms) with the lowest median delay whose audible false ends on
+    pauses of at most 1 s stay within ``max_false`` (else the fewest)."""
+    best: tuple[float, float, TurnSettings] | None = None
+    for lo in (200, 300, 400, 500, 600, 800):
+        for hi in (700, 1000, 1300, 1600, 2000, 2400):
+            if hi < lo:
+                continue
+            st = replace(base, min_wait_ms=float(lo), max_wait_ms=float(hi))
+            o = evaluate(scored, detector_method(st))
+            rate = o.audible_1s / max(1, o.pauses_1s)
+            key = (max(rate, max_false), _pct(o.delays, 50))
+            if best is None or key < best[:2]:
+                best = (*key, st)
+    assert best is not None
+    return best[2]
+
+
+def _pct(v: Sequence[float], q: float) -> float:
+    return float(np.percentile(v, q)) if v else math.nan
+
+
+def _frac(a: int, b: int) -> str:
+    return f"{a}/{b} ({100 * a / max(1, b):.1f}%)"
+
+
+def row(name: str, o: Outcome) -> str:
+    return (f"| {name} | {_frac(o.false_ends_1s, o.pauses_1s)}"
+            f" | {_frac(o.audible_1s, o.pauses_1s)}"
+            f" | {o.false_ends}/{o.pauses} | {_frac(o.turns_false, o.turns)}"
+            f" | {_pct(o.delays, 50):.0f} ms | {_pct(o.delays, 95):.0f} ms | {o.missed} |")
+
+
+HEADER = ("| method | false ends, pauses <= 1 s | ... heard (reply 700 ms after it started) | "
+          "false ends, all pauses (to 1.5 s) | turns with a false end (<= 1 s) | delay p50 | "
+          "delay p95 | no end |\n|---|---|---|---|---|---|---|---|")
+
+
+class SmartTurn:
+    """Pipecat's smart-turn v3 read out of its wheel (ONNX + its numpy Whisper features), run as
+    Pipecat runs it: on the turn's audio (the last 8 s, 16 kHz) once the VAD has been quiet for
+    ``stop_ms``; "complete" (p > 0.5) ends the turn there, else the turn ends after
+    ``timeout_ms`` of silence (Pipecat's stop_secs, 3 s by default)."""
+
+    def __init__(self, wheel: Path) -> None:
+        import onnxruntime as ort
+
+        with zipfile.ZipFile(wheel) as z:
+            names = z.namelist()
+            onnx = next(n for n in names if n.endswith(".onnx") and "smart-turn" in n)
+            feat_src = z.read(next(n for n in names
+                                   if n.endswith("smart_turn/_whisper_features.py")))
+            model = z.read(onnx)
+        ns: dict[str, Any] = {}
+        # The wheel's own numpy feature code, run as is (no pipecat import, nothing installed).
+        exec(compile(feat_src, "_whisper_features.py", "exec"), ns)  # noqa: S102
+        self._features = ns["compute_whisper_log_mel_features"]
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        self.model = Path(onnx).name
+        self.infer_ms: list[float] = []
+
+    def probability(self, audio8k: Floats) -> float:
+        x = audio8k.astype(np.float64)
+        n = len(x)
+        # 8 -> 16 kHz: FFT interpolation (band-limited; the phone band is all there is anyway).
+        spec = np.fft.rfft(x)
+        y = np.fft.irfft(spec, 2 * n) * 2
+        y = y[-8 * 16000:]
+        if len(y) < 8 * 16000:
+            y = np.pad(y, (8 * 16000 - len(y), 0))
+        t0 = time.perf_counter()
+        mel = self._features(y.astype(np.float32), do_normalize=True)
+        out = self._session.run(None, {"input_features": mel[None].astype(np.float32)})
+        self.infer_ms.append((time.perf_counter() - t0) * 1000)
+        return float(np.asarray(out[0]).ravel()[0])
+
+    def method(self, stop_ms: float = 200.0, timeout_ms: float = 3000.0) -> Method:
+        def run(sc: Scored) -> list[tuple[float, float]]:
+            ends: list[tuple[float, float]] = []
+            start: int | None = None
+            quiet = 0.0
+            verdict: bool | None = None
+            for k, speech in enumerate(sc.speech):
+                if speech:
+                    if start is None:
+                        start = max(0, k * 256 - 200 * 8)
+                    quiet = 0.0
+                    verdict = None
+                    continue
+                if start is None:
+                    continue
+                quiet += 32.0
+                if verdict is None and quiet >= stop_ms:
+                    verdict = self.probability(sc.case.audio[start:(k + 1) * 256]) > 0.5
+                if (verdict and quiet >= stop_ms) or quiet >= timeout_ms:
+                    ends.append(((k + 1) * 32.0, (k + 1) * 32.0))
+                    start, verdict, quiet = None, None, 0.0
+            return ends
+        return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--fit", action="store_true", help="refit the prosody model on train voices")
+    ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
+                    help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
+    ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
+    ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
+    args = ap.parse_args(argv)
+    if args.smart_turn is not None and not args.smart_turn.is_file():
+        print(f"error: --smart-turn: no such wheel {args.smart_turn}", file=sys.stderr)
+        return 2
+    import asyncio
+
+    t0 = time.perf_counter()
+    if args.scored is not None and args.scored.exists():
+        import pickle
+
+        scored = pickle.loads(args.scored.read_bytes())  # noqa: S301 - our own file
+        cases = [sc.case for sc in scored]
+    else:
+        cases = build_cases(espeak=not args.no_espeak)
+        scored = asyncio.run(score(cases))
+        if args.scored is not None:
+            import pickle
+
+            args.scored.write_bytes(pickle.dumps(scored))
+    print(f"# {len(cases)} turns ({sum(c.split == 'train' for c in cases)} train, "
+          f"{sum(c.split == 'check' for c in cases)} check), "
+          f"VAD in {time.perf_counter() - t0:.1f} s")
+    settings = TurnSettings()
+    rows = {split: [r for sc in scored if sc.case.split == split for r in features_at_pauses(sc)]
+            for split in ("train", "check")}
+    if args.fit:
+        weights = fit_logistic(rows["train"], settings.weights.short_turn)
+        settings = fit_waits([sc for sc in scored if sc.case.split == "train"],
+                             replace(settings, weights=weights))
+        print(f"# fitted on {len(rows['train'])} silence onsets of the train voices "
+              f"({sum(r[1] for r in rows['train'])} true ends): {settings.weights}, "
+              f"min_wait_ms={settings.min_wait_ms}, max_wait_ms={settings.max_wait_ms}")
+    print("# model ROC AUC (ends vs pauses): " + ", ".join(
+        f"{k} {auc(v, settings.weights):.2f} (n={len(v)})" for k, v in rows.items()))
+    methods: list[tuple[str, Method]] = [
+        (f"silence {ms} ms", detector_method(TurnSettings(mode="silence", silence_ms=ms,
+                                                          early_ms=0)))
+        for ms in (300, 500, 700, 1000, 1200)
+    ]
+    methods.append((f"prosody (min {settings.min_wait_ms:.0f}, max {settings.max_wait_ms:.0f} ms)",
+                    detector_method(settings)))
+    methods.append(("prosody, patience 1.3", detector_method(replace(settings, patience=1.3))))
+    methods.append(("prosody, no early start", detector_method(replace(settings, early_ms=0))))
+    smart = SmartTurn(args.smart_turn) if args.smart_turn else None
+    if smart is not None:
+        methods.append((f"smart-turn {smart.model} (stop 200 ms, timeout 3 s)", smart.method()))
+    report: dict[str, Any] = {}
+    for split in ("train", "check"):
+        part = [sc for sc in scored if sc.case.split == split]
+        print(f"\n## {split} voices: {len(part)} turns, "
+              f"{sum(len(sc.case.pauses) for sc in part)} pauses\n\n{HEADER}")
+        for name, m in methods:
+            o = evaluate(part, m)
+            print(row(name, o))
+            report.setdefault(split, {})[name] = {
+                "pauses_1s": o.pauses_1s, "false_ends_1s": o.false_ends_1s, "pauses": o.pauses,
+                "false_ends": o.false_ends, "audible_1s": o.audible_1s,
+                "delay_p50": _pct(o.delays, 50),
+                "delay_p95": _pct(o.delays, 95), "missed": o.missed, "turns": o.turns}
+    if smart is not None and smart.infer_ms:
+        print(f"\n# smart-turn inference: median {np.median(smart.infer_ms):.1f} ms "
+              f"(n={len(smart.infer_ms)}, one thread)")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""Voice to voice: end of the caller's speech to the first bot audio played at the caller, through
+the real gateway and worker, against a local OpenAI-protocol server with hosted-like latencies.
+
+Run: ``python -m bench.turns`` (about a minute: every call is replayed at 1x, all recordings of
+a method at once); ``--stt-ms/--llm-ms/--tts-ms`` set the provider latencies (defaults: final
+transcript 150 ms after the upload, first LLM token 350 ms, first TTS byte 200 ms).
+
+Each development recording whose caller turns are clean (bench.turn_end's selection) is played
+into ``gateway.replay.replay(realtime=True)`` as Twilio would (marks echoed as their audio
+plays), with an in-process worker running an agent whose LLM, speech to text and text to speech
+are ``openai`` providers pointed at ``bench._openai_stub``. Per caller turn (labelled end of its
+speech -> the first ``bot_utterance_started`` after it, at its ``play_at_ms``):
+
+* ``v2v``: voice to voice;
+* ``decide``: labelled end of speech -> ``turn_end`` (the VAD's tail plus the turn wait);
+* ``own``: what is neither waiting for the turn's end nor waiting for the providers: first
+  audio - max(turn_end, transcript sent + stt + llm + tts), where the transcript is sent at
+  ``turn_likely`` (callgate starts the reply early and holds it until ``turn_end``) or at
+  ``turn_end`` (gateway, bus, worker, HTTP on loopback, resampling, pacing).
+
+Two methods in the same run: callgate's turn taking (the agent's defaults) and a plain silence
+timer (``--baseline-ms``, 700 by default) that sends the transcript at its end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._openai_stub import Latencies, OpenAIStub
+
+RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "recordings"
+DEFAULT_RECORDINGS = ("long_turn_librivox", "turn_gap_then_barge_in", "barge_in_timit",
+                      "barge_in_two_sentences_spk1", "barge_in_early_librivox",
+                      "barge_in_command_goforward", "barge_in_mid_jfk")
+KEY_VAR = "CALLGATE_BENCH_KEY"
+
+
+def _config_text(base_url: str, turn: dict[str, Any]) -> str:
+    key = "${" + KEY_VAR + "}"
+    turn_yaml = ", ".join(f"{k}: {v}" for k, v in turn.items())
+    return f"""
+server: {{public_url: "http://localhost:8080"}}
+twilio: {{validate_signatures: false}}
+default_agent: bench
+agents:
+  bench:
+    llm: {{provider: openai, model: stub-llm, base_url: "{base_url}", api_key: "{key}"}}
+    stt: {{provider: openai, model: whisper-1, base_url: "{base_url}", api_key: "{key}"}}
+    tts: {{provider: openai, model: tts-1, voice: alloy, base_url: "{base_url}", api_key: "{key}"}}
+    turn: {{{turn_yaml}}}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLatency:
+    recording: str
+    speech_end_ms: float
+    v2v_ms: float
+    decide_ms: float
+    own_ms: float
+
+
+def _turn_ends(name: str) -> list[float]:
+    from .turn_end import _turn_groups
+
+    labels = json.loads((RECORDINGS / f"{name}.json").read_text())
+    return [float(g[-1]["end_ms"]) for g in _turn_groups(labels)]
+
+
+def _measure(name: str, events: list[dict[str, Any]], providers_ms: float) -> list[TurnLatency]:
+    out = []
+    ends = _turn_ends(name)
+    for i, end in enumerate(ends):
+        nxt = ends[i + 1] if i + 1 < len(ends) else float("inf")
+        turn_end = next((e for e in events if e["type"] == "turn_end" and e["t_ms"] >= end - 100
+                         and e["t_ms"] < nxt), None)
+        started = next((e for e in events if e["type"] == "bot_utterance_started"
+                        and float(e.get("play_at_ms", e["t_ms"])) > end), None)
+        if turn_end is None or started is None:
+            continue
+        first = float(started.get("play_at_ms", started["t_ms"]))
+        if first > nxt:
+            continue  # the caller spoke again first (held, answered later)
+        t_end = float(turn_end["t_ms"])
+        likely = [float(e["t_ms"]) for e in events if e["type"] == "turn_likely"
+                  and end - 100 <= float(e["t_ms"]) <= t_end]
+        sent = likely[-1] if likely else t_end
+        floor = max(t_end, sent + providers_ms)
+        out.append(TurnLatency(name, end, first - end, t_end - end, first - floor))
+    return out
+
+
+async def _run_method(names: Sequence[str], stub: OpenAIStub, turn: dict[str, Any]
+                      ) -> list[TurnLatency]:
+    from config import ConfigHolder
+    from gateway.replay import replay
+    from gateway.server import TranscriberCache, call_settings_from
+    from gateway.timeline import Timeline
+    from nodes import run_worker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "agents.yaml"
+        path.write_text(_config_text(stub.base_url, turn))
+        holder = ConfigHolder(path)
+        agent = holder.current.agents["bench"]
+        settings = call_settings_from(agent.barge_in, agent.turn)
+        transcribers = TranscriberCache(holder)
+        await transcribers.warm_up()
+        try:
+            async def one(name: str) -> list[dict[str, Any]]:
+                timeline = Timeline()
+                await replay(RECORDINGS / f"{name}.wav", realtime=True, settings=settings,
+                             agent=lambda bus, stop: run_worker(holder, bus, stop=stop),
+                             transcriber_for=lambda info: transcribers(info.agent),
+                             timeline=timeline)
+                return timeline.events
+
+            results = await asyncio.gather(*(one(n) for n in names))
+        finally:
+            transcribers.close()
+    lat = stub.latencies
+    providers = lat.stt_ms + lat.llm_ms + lat.tts_ms
+    return [t for n, ev in zip(names, results, strict=True) for t in _measure(n, ev, providers)]
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, round(q / 100 * (len(v) - 1))))
+    return v[k]
+
+
+def _row(name: str, turns: Sequence[TurnLatency]) -> str:
+    v = [t.v2v_ms for t in turns]
+    d = [t.decide_ms for t in turns]
+    o = [t.own_ms for t in turns]
+    return (f"| {name} | {len(turns)} | {_pct(v, 50):.0f} / {_pct(v, 95):.0f} ms | "
+            f"{_pct(d, 50):.0f} / {_pct(d, 95):.0f} ms | "
+            f"{_pct(o, 50):.0f} / {_pct(o, 95):.0f} ms |")
+
+
+async def _main(args: argparse.Namespace) -> int:
+    lat = Latencies(stt_ms=args.stt_ms, llm_ms=args.llm_ms, tts_ms=args.tts_ms)
+    os.environ.setdefault(KEY_VAR, "sk-bench")
+    methods = [("callgate turn taking (defaults)", {}),
+               (f"silence timer {args.baseline_ms:.0f} ms",
+                {"mode": "silence", "silence_ms": args.baseline_ms, "early_ms": 0})]
+    print(f"# providers: stt {lat.stt_ms:.0f} ms, first LLM token {lat.llm_ms:.0f} ms, first TTS "
+          f"byte {lat.tts_ms:.0f} ms; recordings: {', '.join(args.recordings)}")
+    print("\n| method | turns | voice to voice p50 / p95 | decided (end of speech -> turn end) "
+          "p50 / p95 | callgate's own p50 / p95 |\n|---|---|---|---|---|")
+    report = {}
+    for name, turn in methods:
+        async with OpenAIStub(lat) as stub:
+            turns = await _run_method(args.recordings, stub, turn)
+        print(_row(name, turns), flush=True)
+        report[name] = [t.__dict__ if hasattr(t, "__dict__") else
+                        {f: getattr(t, f) for f in t.__dataclass_fields__} for t in turns]
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.turns",
+                                 description="voice-to-voice latency through gateway and worker")
+    ap.add_argument("--stt-ms", type=float, default=150.0)
+    ap.add_argument("--llm-ms", type=float, default=350.0)
+    ap.add_argument("--tts-ms", type=float, default=200.0)
+    ap.add_argument("--baseline-ms", type=float, default=700.0,
+                    help="the silence timer measured alongside (ms)")
+    ap.add_argument("--recordings", nargs="+", default=list(DEFAULT_RECORDINGS))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    missing = [n for n in args.recordings if not (RECORDINGS / f"{n}.wav").exists()]
+    if missing:
+        print(f"error: no such recording: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    return asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""vad._turn: the end-of-turn core, on voiced signals whose pitch we choose, then silence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vad._turn import (
+    ProsodyWeights,
+    TurnDecision,
+    TurnDetector,
+    TurnSettings,
+    TurnState,
+    window_pitch,
+)
+
+RATE = 8000
+
+
+def _voice(f0_start: float, f0_end: float, ms: float) -> np.ndarray:
+    """A glottal-like buzz (harmonics 1-12) gliding from f0_start to f0_end."""
+    n = int(ms * RATE / 1000)
+    f0 = np.linspace(f0_start, f0_end, n)
+    phase = 2 * np.pi * np.cumsum(f0) / RATE
+    x = sum(np.sin(k * phase) / k for k in range(1, 13))
+    return (0.1 * x / np.max(np.abs(x))).astype(np.float64)
+
+
+def _run(
+    det: TurnDetector, speech: np.ndarray, silence_ms: float
+) -> list[tuple[float, TurnDecision]]:
+    """Feed speech (every window marked speech) then silence; returns (ms, decision) pairs."""
+    audio = np.concatenate([speech, np.zeros(int(silence_ms * RATE / 1000))])
+    n_speech = len(speech) // 256
+    out = []
+    for k in range(len(audio) // 256):
+        det.feed(audio[k * 256:(k + 1) * 256])
+        d = det.step(k < n_speech)
+        if d is not None and d is not TurnDecision.TURN_LIKELY:
+            out.append(((k + 1) * 32.0, d))
+    return out
+
+
+def test_window_pitch_reads_the_fundamental() -> None:
+    x = _voice(200.0, 200.0, 48)[:384]
+    voicing, f0 = window_pitch(x)
+    assert voicing > 0.9
+    assert f0 == pytest.approx(200.0, abs=3.0)
+    noise = np.random.default_rng(1).standard_normal(384) * 0.1
+    assert window_pitch(noise)[0] < 0.5
+
+
+def test_a_falling_end_is_answered_sooner_than_a_held_up_one() -> None:
+    # A long turn (no short-answer prior) whose last 300 ms fall below the speaker's range ...
+    falling = np.concatenate([_voice(140, 160, 1200), _voice(160, 100, 300)])
+    # ... and one that stays up at the top of it.
+    rising = np.concatenate([_voice(140, 160, 1200), _voice(160, 190, 300)])
+    ends = {}
+    for name, sig in (("falling", falling), ("rising", rising)):
+        det = TurnDetector()
+        decisions = _run(det, sig, 3000)
+        assert [d for _, d in decisions] == [TurnDecision.TURN_END]
+        ends[name] = decisions[0][0] - len(sig) / 8
+    assert ends["falling"] < ends["rising"]
+    s = TurnSettings()
+    assert s.min_wait_ms <= ends["falling"] < ends["rising"] <= s.max_wait_ms + 32
+
+
+def test_speech_inside_the_wait_continues_the_turn() -> None:
+    det = TurnDetector(TurnSettings(mode="silence", silence_ms=600))
+    part = _voice(150, 150, 800)
+    audio = np.concatenate([part, np.zeros(300 * 8), part, np.zeros(1000 * 8)])
+    speech_windows = {k for k in range(len(audio) // 256)
+                      if np.abs(audio[k * 256:(k + 1) * 256]).max() > 0}
+    got = []
+    for k in range(len(audio) // 256):
+        det.feed(audio[k * 256:(k + 1) * 256])
+        d = det.step(k in speech_windows)
+        if d is not None:
+            got.append((k, d))
+    assert [d for _, d in got] == [TurnDecision.TURN_LIKELY, TurnDecision.TURN_CONTINUED,
+                                   TurnDecision.TURN_LIKELY, TurnDecision.TURN_END]
+    # Each pause's TURN_LIKELY comes once, after early_ms of silence.
+    first_pause = max(k for k in speech_windows if k < 800 // 32 + 1)
+    assert (got[0][0] - first_pause) * 32 == pytest.approx(200, abs=32)
+    last_speech = max(speech_windows)
+    # The fixed wait, counted from the last caller window, to the window.
+    assert (got[-1][0] - last_speech) * 32 == pytest.approx(600, abs=32)
+    assert det.state is TurnState.IDLE
+
+
+def test_an_unfinished_phrase_waits_at_least_text_wait_ms() -> None:
+    settings = TurnSettings(text_wait_ms=1500, min_wait_ms=300, max_wait_ms=1200)
+    sig = _voice(150, 110, 1500)
+    for text, hold in (("I want to pay and", True), ("I want to pay", False), ("um", True)):
+        det = TurnDetector(settings)
+        audio = np.concatenate([sig, np.zeros(3000 * 8)])
+        n = len(sig) // 256
+        ended_at = None
+        for k in range(len(audio) // 256):
+            det.feed(audio[k * 256:(k + 1) * 256])
+            if k == n:
+                det.set_transcript(text)  # the partial arrives in the pause
+            if det.step(k < n) is TurnDecision.TURN_END:
+                ended_at = (k + 1 - n) * 32
+                break
+        assert ended_at is not None
+        assert (ended_at >= 1500) is hold, text
+
+
+def test_patience_scales_the_wait_and_a_short_answer_is_quick() -> None:
+    sig = _voice(150, 150, 1500)
+    waits = []
+    for patience in (0.5, 1.0, 2.0):
+        det = TurnDetector(TurnSettings(patience=patience))
+        (t, _), = _run(det, sig, 6000)
+        waits.append(t - len(sig) / 8)
+    assert waits[0] < waits[1] < waits[2]
+    # "Yes": 300 ms of speech gets the short-answer prior, so a shorter wait than the long turn.
+    det = TurnDetector()
+    (t, _), = _run(det, _voice(150, 150, 320), 3000)
+    assert det.estimate is not None and det.estimate.speech_ms <= 700
+    assert t - 320 < waits[1]
+
+
+def test_weights_decide_and_settings_are_checked() -> None:
+    sig = _voice(150, 150, 1500)
+    eager = TurnSettings(weights=ProsodyWeights(bias=30.0, short_turn=0.0))
+    (t, _), = _run(TurnDetector(eager), sig, 3000)
+    assert t - len(sig) / 8 == pytest.approx(eager.min_wait_ms, abs=32)
+    with pytest.raises(ValueError, match="patience"):
+        TurnSettings(patience=0)
+    with pytest.raises(ValueError, match="min_wait_ms"):
+        TurnSettings(min_wait_ms=900, max_wait_ms=500)
+
+
+def test_no_early_turn_when_early_ms_is_off() -> None:
+    det = TurnDetector(TurnSettings(early_ms=0))
+    audio = np.concatenate([_voice(150, 150, 800), np.zeros(2000 * 8)])
+    got = []
+    for k in range(len(audio) // 256):
+        det.feed(audio[k * 256:(k + 1) * 256])
+        d = det.step(k < 800 // 32)
+        if d is not None:
+            got.append(d)
+    assert got == [TurnDecision.TURN_END]
