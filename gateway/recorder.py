@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import enum
 import binascii
 import dataclasses
+import enum
 import json
 import logging
 import re
@@ -177,7 +177,7 @@ class CallRecorder:
             "call_sid": call_sid, "agent": started.get("agent"),
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "settings": dataclasses.asdict(call_settings),
-        }, indent=1) + "\n")
+        }, indent=1, default=_json_value) + "\n")
         return folder
 
     def _bot_audio(self, duration_ms: float) -> tuple[bytes, list[dict[str, Any]]]:
@@ -273,13 +273,37 @@ def prune(settings: RecordingSettings, *, now: float | None = None) -> list[Path
     return doomed
 
 
-def load_call_settings(data: dict[str, Any]) -> CallSettings:
-    """The settings of ``NAME.call.json`` back as a :class:`CallSettings`."""
-    from vad import BargeInSettings, EchoGateSettings
+def _json_value(obj: Any) -> Any:
+    """Settings hold enums (``echo_canceller``): written as their value, read back by name."""
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
-    d = dict(data)
-    return CallSettings(barge_in=BargeInSettings(**d.pop("barge_in")),
-                        echo=EchoGateSettings(**d.pop("echo")), **d)
+
+def load_call_settings(data: dict[str, Any]) -> CallSettings:
+    """The settings of ``NAME.call.json`` back as a :class:`CallSettings`: nested settings
+    records and enums rebuilt from the field types (a field the file lacks, from a gateway
+    older than the field, keeps its default)."""
+    return _settings_from(CallSettings, data)
+
+
+def _settings_from(cls: Any, data: dict[str, Any]) -> Any:
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value, kind = data[f.name], hints.get(f.name)
+        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
+            value = _settings_from(kind, value)
+        elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+            value = kind(value)
+        elif isinstance(value, list):
+            value = tuple(value)  # JSON has no tuples; settings records keep theirs
+        kwargs[f.name] = value
+    return cls(**kwargs)
 
 
 def _recorded(folder: Path) -> tuple[str, Path]:
