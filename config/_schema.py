@@ -352,6 +352,11 @@ class TTSConfig(_Model):
     base_url: OptStr = None
     api_key: OptSecret = None
     speed: float = Field(1.0, gt=0, le=4)
+    lookahead_ms: float | None = Field(800.0, ge=0)
+    """How far the audio of a response may run ahead of what the caller has heard before the
+    node's next chunk is pulled from ``generate_response``: it must cover synthesizing one
+    chunk plus the gateway's progress reports (every 200 ms), or the caller hears a gap;
+    ``null`` pulls chunks as fast as they are synthesized (the node runs ahead of the caller)."""
 
 
 class ScriptRule(_Model):

@@ -83,6 +83,10 @@ class CallSettings:
     """What the caller said over a non-interruptible utterance: ``keep`` hands it to the agent
     as the next turn once the utterance is over; ``drop`` discards it (published flagged)."""
     max_payload_bytes: int = tp.DEFAULT_MAX_PAYLOAD_BYTES
+    progress_interval_ms: float = 200.0
+    """``playback {state: playing, heard_ms}`` is published at most once per this much bot audio
+    heard (and when the caller has heard all audio received so far): the worker pulls a node's
+    next chunk on it, so the report lag adds to what its lookahead must cover."""
 
 
 Authorize = Callable[[tp.Start], Awaitable[CallInfo]]
@@ -132,6 +136,7 @@ class CallSession:
         self._stream: VadStream | None = None
         self._media_end_ms = 0.0
         self._paused_utterance: str | None = None
+        self._progress_reported: tuple[str, float] = ("", 0.0)  # utterance, heard_ms published
         self._over_uninterruptible = False
         self._hangup_requested = False
         self._closed = asyncio.Event()
@@ -193,6 +198,7 @@ class CallSession:
             await self._on_dtmf(msg)
         elif isinstance(msg, tp.Mark):
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
+            await self._report_progress()
         elif isinstance(msg, tp.Stop):
             await self.end("stop")
 
@@ -359,6 +365,23 @@ class CallSession:
         self.emit("barge_in", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node, reason=reason)
         await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node,
                            reason=reason)
+
+    async def _report_progress(self) -> None:
+        """``playback {state: playing}``: what the caller has heard of the utterance playing,
+        from the marks echoed so far (the worker paces a node's next chunk on it)."""
+        u = self.playback.current
+        if u is None or u.state is not UtteranceState.PLAYING:
+            return
+        heard = u.heard_ms
+        last_id, last_ms = self._progress_reported
+        if last_id == u.id:
+            starved = u.heard >= len(u.audio) and heard > last_ms  # all it has: worker waits?
+            if heard - last_ms < self.settings.progress_interval_ms and not starved:
+                return
+        elif heard <= 0:
+            return
+        self._progress_reported = (u.id, heard)
+        await self.publish("playback", state="playing", utterance_id=u.id, heard_ms=heard)
 
     async def _on_dtmf(self, msg: tp.Dtmf) -> None:
         self.dtmf_digits += msg.digit

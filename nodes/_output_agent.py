@@ -20,7 +20,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,12 @@ from ._events import (
 )
 from ._node import Node
 
-__all__ = ["OutputAgentNode"]
+__all__ = ["OutputAgentNode", "ResponsePacer"]
+
+ResponsePacer = Callable[[str, int], Awaitable[None]]
+"""``pacer(request_id, emitted)``: returns when the response ``request_id``, which has emitted
+``emitted`` chunks, may produce its next one (the session worker: when the caller is about to
+hear the last of them). Awaited before every chunk but the first."""
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,8 @@ class OutputAgentNode(Node):
         self.settings = OutputAgentSettings()
         self.context = ContextManager()
         self._responses: OrderedDict[str, _Response] = OrderedDict()
+        # Set by the AgentSession at start: None generates as fast as the chunks are taken.
+        self._pacer: ResponsePacer | None = None
 
     async def process_event(self, event: SDKEvent) -> None:
         """Act on the event, then pass it on to the children."""
@@ -168,8 +175,19 @@ class OutputAgentNode(Node):
         rid = response.request_id
         await self._emit(SDKAgentLLMResponseStartEvent(request_id=rid))
         chunks = self.generate_response()
+        emitted = 0
         try:
-            async for chunk in chunks:
+            while True:
+                # The generator runs on (its code after a ``yield``) only once the pacer says
+                # the caller is about to hear what it yielded last: a node's state at a
+                # barge-in is where the caller was, not where text to speech was.
+                if emitted and self._pacer is not None:
+                    await self._pacer(rid, emitted)
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                emitted += 1
                 text = "" if chunk is None else str(chunk)
                 self._record(response, text)
                 try:
