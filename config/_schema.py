@@ -355,8 +355,10 @@ class TTSConfig(_Model):
     lookahead_ms: float | None = Field(800.0, ge=0)
     """How far the audio of a response may run ahead of what the caller has heard before the
     node's next chunk is pulled from ``generate_response``: it must cover synthesizing one
-    chunk plus the gateway's progress reports (every 200 ms), or the caller hears a gap;
-    ``null`` pulls chunks as fast as they are synthesized (the node runs ahead of the caller)."""
+    chunk plus the gateway's progress reports (every 200 ms), or the caller hears a gap. eSpeak
+    NG took 14-41 ms for a 48-character sentence (2.8 s of audio) on a loaded 2-core machine;
+    800 leaves ~500 ms for a network TTS. ``null`` pulls chunks as fast as they are synthesized
+    (the node runs ahead of the caller)."""
 
 
 class ScriptRule(_Model):
