@@ -421,6 +421,12 @@ class PythonNodeConfig(_Model):
     """Override of the node's ``is_interruptible``; None keeps the class's own."""
     args: dict[str, Any] = {}
     """Keyword arguments for the class or function."""
+    llm: LLMConfig | None = None
+    """The node's ``self.llm`` (when the class sets none itself); default: the agent's ``llm``.
+    A node class without ``generate_response`` answers with it."""
+    tools: list[Ref] = []
+    """Function tools, each ``"module:function"``: the node's ``self.tool_registry`` and
+    ``self.tool_schemas`` (default: its ``llm.tools``, else the agent's ``llm.tools``)."""
 
 
 NodeConfig = Annotated[LLMNodeConfig | PythonNodeConfig, Field(discriminator="kind")]
