@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from bus import Bus
-from config import ConfigHolder
+from config import ConfigHolder, parse_config
 from gateway.replay import replay
-from nodes import ToneSynthesizer, run_worker
+from nodes import ToneSynthesizer, check_agents, run_worker
 from speech import make_transcriber
 from tests import recordings_index as rec
 from tests.openai_server import OpenAIServer, Text, ToolCallStep
@@ -189,3 +189,27 @@ async def test_tool_agent_calls_its_yaml_tools_after_streaming(tmp_path: Path) -
                                                  "arguments": '{"order_id": "A17"}'}
     result = messages[messages.index(call) + 1]
     assert result == {"role": "tool", "tool_call_id": "call_1", "content": "order A17: shipped"}
+
+
+def test_a_node_without_generate_response_or_llm_is_refused_at_check() -> None:
+    def tone(agent: Any) -> ToneSynthesizer:
+        return ToneSynthesizer(MS_PER_CHAR)
+
+    no_llm = parse_config("""
+default_agent: a
+agents:
+  a:
+    nodes: [{kind: python, name: pay, ref: "tests.nodes.seed_first:PaymentAgent"}]
+""", env={})
+    (problem,) = check_agents(no_llm, synthesizer_factory=tone)
+    assert problem.path == ("agents", "a", "nodes", 0, "ref")
+    assert "PaymentAgent defines no generate_response" in problem.message
+    with_llm = parse_config("""
+default_agent: a
+agents:
+  a:
+    nodes:
+      - {kind: python, name: pay, ref: "tests.nodes.seed_first:PaymentAgent",
+         llm: {provider: scripted}}
+""", env={})
+    assert check_agents(with_llm, synthesizer_factory=tone) == []
