@@ -363,8 +363,8 @@ class CallSession:
             await self._clear(reason=reason, utterance_id=u.id)
         await self._apply(out)
         self.emit("barge_in", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node, reason=reason)
-        await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node,
-                           reason=reason)
+        await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms,
+                           heard_text=u.heard_text(), node=u.node, reason=reason)
 
     async def _report_progress(self) -> None:
         """``playback {state: playing}``: what the caller has heard of the utterance playing,

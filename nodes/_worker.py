@@ -10,7 +10,7 @@ Uplink (gateway -> worker; every event has ``type`` and ``eid``):
 * ``call_started`` -> ``system.user.joined`` (an output node with ``greeting`` speaks it)
 * ``transcript`` {text, final} with ``final`` true (or absent) -> ``agent.transcript.update``
   (role user; each output node adds it to its context) and ``system.llm.request``
-* ``interrupt`` {utterance_id, heard_ms, heard_text?} -> the cut described below, then
+* ``interrupt`` {utterance_id, heard_ms, heard_text, node, reason} -> the cut described below, then
   ``SDKSystemControlInterruptEvent``
 * ``speech_started`` / ``speech_stopped`` -> ``system.user.started_speaking`` / ``stopped_speaking``
 * ``dtmf`` {digit} -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
@@ -48,8 +48,9 @@ LLM stream and unfinished tools included), and saves the conversation. Output th
 node emitted before the interrupt but that has not started playing (a response queued behind the
 interrupted one) is dropped and cut from the context too. ``heard_ms`` maps to
 text as described in ``nodes._alignment``: by the audio duration of each chunk, proportionally by
-characters within a chunk, cut back to a word boundary. Without ``heard_ms`` the gateway's
-``heard_text`` is used; with neither, everything sent counts as heard. An ``interrupt`` naming an
+characters within a chunk, cut back to a word boundary. The gateway's ``heard_text`` (the same
+rule on the text spans of the ``audio`` events it got) is used only without ``heard_ms``; with
+neither, everything sent counts as heard. An ``interrupt`` naming an
 utterance of a node with ``is_interruptible=False`` (the gateway sends ``interrupt_suppressed``
 instead, so this is a gateway bug) is logged and dropped: nothing is cancelled or cut, and the
 graph never sees it. An ``interrupt`` naming an unknown utterance still cancels the interruptible

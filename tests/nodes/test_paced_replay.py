@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bus import Bus
+from bus import Bus, EmbeddedBus, EmbeddedHub, Event
 from config import ConfigHolder
 from gateway.replay import replay
 from nodes import ToneSynthesizer, run_worker
@@ -46,7 +46,10 @@ agents:
 """
 
 
-async def _replay(tmp_path: Path, ms_per_char: int) -> list[dict[str, Any]]:
+async def _replay(
+    tmp_path: Path, ms_per_char: int, uplink: list[Event] | None = None
+) -> list[dict[str, Any]]:
+    """The replayed call's timeline; what the gateway published goes into ``uplink``."""
     path = tmp_path / "agents.yaml"
     path.write_text(YAML)
     holder = ConfigHolder(path, env={})
@@ -57,8 +60,21 @@ async def _replay(tmp_path: Path, ms_per_char: int) -> list[dict[str, Any]]:
 
     transcriber = make_transcriber("pocketsphinx")
     await transcriber.warm_up(1)
-    timeline, _ = await replay(rec.source("turn_gap_then_barge_in"), agent=agent,
-                               transcriber_for=lambda call: transcriber)
+    bus = EmbeddedBus(hub=EmbeddedHub())
+    publish = bus.publish
+
+    async def recorded(call_sid: str, event: Event) -> str:
+        if uplink is not None:
+            uplink.append(event)
+        return await publish(call_sid, event)
+
+    bus.publish = recorded  # type: ignore[method-assign]
+    await bus.start()
+    try:
+        timeline, _ = await replay(rec.source("turn_gap_then_barge_in"), agent=agent, bus=bus,
+                                   transcriber_for=lambda call: transcriber)
+    finally:
+        await bus.aclose()
     return timeline.events
 
 
@@ -79,7 +95,8 @@ async def test_stateful_agent_progress_is_the_chunk_the_caller_hears(
     progress: int,
 ) -> None:
     caplog.set_level(logging.INFO, logger=seed_logger.name)
-    events = await _replay(tmp_path, ms_per_char)
+    uplink: list[Event] = []
+    events = await _replay(tmp_path, ms_per_char, uplink)
     barge = [e for e in events if e["type"] == "barge_in"]
     assert barge and barge[0]["node"] == "stateful-agent", events
     heard_ms = barge[0]["heard_ms"]
@@ -97,6 +114,18 @@ async def test_stateful_agent_progress_is_the_chunk_the_caller_hears(
     ended = [e for e in events if e["type"] == "bot_utterance_interrupted"
              and e["utterance_id"] == started["utterance_id"]]
     assert ended and ended[0]["text"] == "".join(CHUNKS[:chunk]), ended
+    # The interrupt carries what the caller heard: into the chunk playing, to a word boundary.
+    (interrupt,) = [e for e in uplink if e["type"] == "interrupt"]
+    assert interrupt["heard_ms"] == heard_ms
+    heard_text = interrupt["heard_text"]
+    assert heard_text == ended[0]["heard_text"]
+    assert "".join(CHUNKS).startswith(heard_text)
+    assert len("".join(CHUNKS[: chunk - 1])) < len(heard_text) <= heard_ms / ms_per_char
+    # The pacing reports: from marks, at most one per 200 ms of audio heard plus the last.
+    progress = [e["heard_ms"] for e in uplink if e["type"] == "playback"
+                and e["state"] == "playing" and e["utterance_id"] == started["utterance_id"]]
+    assert progress == sorted(progress) and progress[-1] <= heard_ms
+    assert len(progress) <= heard_ms / 200 + 2
 
 
 @pytest.mark.slow
