@@ -122,6 +122,12 @@ SetupFn = Callable[[AgentSession], Awaitable[None]]
 AgentFactory = Callable[[CallInfo], SetupFn]
 
 SNAPSHOT_VERSION = 1
+# Pacing's way out when the gateway stops reporting progress (one too old to send ``playing``,
+# reports lost to a bus outage): the next chunk is pulled anyway this long after the audio
+# still unheard would have played, twice over, with a warning, so the call goes on with a gap
+# instead of in silence.
+_STALL_GRACE_S = 2.0
+
 # Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
 _KEPT_EIDS = 1000
 
@@ -538,8 +544,21 @@ class SessionWorker:
                 return False  # the barge-in's cancellation is on its way
             return utterance.alignment.audio_ms - utterance.heard_ms <= lookahead
 
+        utterance = state.by_request.get(request_id)
+        unheard_ms = 0.0
+        if utterance is not None:
+            unheard_ms = max(0.0, utterance.alignment.audio_ms - utterance.heard_ms)
+        stall_s = 2 * unheard_ms / 1000 + _STALL_GRACE_S
         async with state.progress:
-            await state.progress.wait_for(ready)
+            try:
+                async with asyncio.timeout(stall_s):
+                    await state.progress.wait_for(ready)
+            except TimeoutError:
+                logger.warning(
+                    "call %s: no playback progress from the gateway for %.1f s; the next chunk "
+                    "is pulled without it (the node may run ahead of the caller)",
+                    state.sid, stall_s,
+                )
 
     async def _on_interrupt(self, state: _Call, event: Event) -> None:
         utterance = state.utterances.get(str(event.get("utterance_id")))

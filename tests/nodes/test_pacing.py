@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
+
 from bus import Bus
 from nodes import AgentSession, OutputAgentNode, SessionWorker, ToneSynthesizer
 
@@ -110,6 +112,38 @@ async def test_without_a_lookahead_chunks_are_pulled_as_synthesized(bus: Bus) ->
         end = await line.next("utterance_end")
         assert end["text"] == CHUNK * 3  # no playback report was needed
         assert nodes[0].pulled_at == [[], [], [], []]
+        await line.end(worker)
+    finally:
+        task.cancel()
+        await guard(asyncio.wait({task}))
+        await worker.aclose()
+
+
+async def test_a_gateway_that_reports_nothing_stalls_the_node_only_for_a_while(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway that never reports progress (too old, or its reports lost): each next chunk
+    comes anyway, a grace after the unheard audio would have played, with a warning."""
+    reported: list[float] = []
+    nodes: list[Counter] = []
+
+    async def setup(session: AgentSession) -> None:
+        node = Counter(reported)
+        nodes.append(node)
+        session.add_node(node)
+        await session.start()
+        await session.wait_until_complete()
+
+    worker = SessionWorker(bus, agent_factory=lambda call: setup, worker_id="w-stall",
+                           synthesizer=ToneSynthesizer(1), lookahead_ms=0.0)
+    task = asyncio.create_task(worker.run())
+    try:
+        line = await open_line(bus, "CA7003")
+        await line.publish({"type": "transcript", "text": "tell me", "final": True})
+        end = await line.next("utterance_end")
+        assert end["text"] == CHUNK * 3
+        stalls = [m for m in caplog.messages if "no playback progress from the gateway" in m]
+        assert len(stalls) == 3  # before chunks 2 and 3, and before the generator's end
         await line.end(worker)
     finally:
         task.cancel()
