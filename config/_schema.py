@@ -391,6 +391,13 @@ class TTSConfig(_Model):
     base_url: OptStr = None
     api_key: OptSecret = None
     speed: float = Field(1.0, gt=0, le=4)
+    lookahead_ms: float | None = Field(800.0, ge=0)
+    """How far the audio of a response may run ahead of what the caller has heard before the
+    node's next chunk is pulled from ``generate_response``: it must cover synthesizing one
+    chunk plus the gateway's progress reports (every 200 ms), or the caller hears a gap. eSpeak
+    NG took 14-41 ms for a 48-character sentence (2.8 s of audio) on a loaded 2-core machine;
+    800 leaves ~500 ms for a network TTS. ``null`` pulls chunks as fast as they are synthesized
+    (the node runs ahead of the caller)."""
 
 
 class ScriptRule(_Model):
@@ -453,6 +460,12 @@ class PythonNodeConfig(_Model):
     """Override of the node's ``is_interruptible``; None keeps the class's own."""
     args: dict[str, Any] = {}
     """Keyword arguments for the class or function."""
+    llm: LLMConfig | None = None
+    """The node's ``self.llm`` (when the class sets none itself); default: the agent's ``llm``.
+    A node class without ``generate_response`` answers with it."""
+    tools: list[Ref] = []
+    """Function tools, each ``"module:function"``: the node's ``self.tool_registry`` and
+    ``self.tool_schemas`` (default: its ``llm.tools``, else the agent's ``llm.tools``)."""
 
 
 NodeConfig = Annotated[LLMNodeConfig | PythonNodeConfig, Field(discriminator="kind")]

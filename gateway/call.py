@@ -98,6 +98,10 @@ class CallSettings:
     turn: TurnSettings = field(default_factory=TurnSettings)
     """When the caller's turn is over (vad/_turn.py): its transcript is published then, not at
     the first ``speech_stopped``; speech inside the wait continues the same turn."""
+    progress_interval_ms: float = 200.0
+    """``playback {state: playing, heard_ms}`` is published at most once per this much bot audio
+    heard (and when the caller has heard all audio received so far): the worker pulls a node's
+    next chunk on it, so the report lag adds to what its lookahead must cover."""
 
 
 Authorize = Callable[[tp.Start], Awaitable[CallInfo]]
@@ -149,6 +153,7 @@ class CallSession:
         self._cancelled: VadStream | None = None  # the VAD of the echo-cancelled audio
         self._media_end_ms = 0.0
         self._paused_utterance: str | None = None
+        self._progress_reported: tuple[str, float] = ("", 0.0)  # utterance, heard_ms published
         self._over_uninterruptible = False
         self._hangup_requested = False
         self._closed = asyncio.Event()
@@ -227,6 +232,7 @@ class CallSession:
             u = self.playback.current
             if self._unanswered is not None and u is not None and u.heard_ms > 0:
                 self._unanswered = None  # the caller has heard the reply begin: turn closed
+            await self._report_progress()
         elif isinstance(msg, tp.Stop):
             await self.end("stop")
 
@@ -498,8 +504,25 @@ class CallSession:
             await self._clear(reason=reason, utterance_id=u.id)
         await self._apply(out)
         self.emit("barge_in", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node, reason=reason)
-        await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node,
-                           reason=reason)
+        await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms,
+                           heard_text=u.heard_text(), node=u.node, reason=reason)
+
+    async def _report_progress(self) -> None:
+        """``playback {state: playing}``: what the caller has heard of the utterance playing,
+        from the marks echoed so far (the worker paces a node's next chunk on it)."""
+        u = self.playback.current
+        if u is None or u.state is not UtteranceState.PLAYING:
+            return
+        heard = u.heard_ms
+        last_id, last_ms = self._progress_reported
+        if last_id == u.id:
+            starved = u.heard >= len(u.audio) and heard > last_ms  # all it has: worker waits?
+            if heard - last_ms < self.settings.progress_interval_ms and not starved:
+                return
+        elif heard <= 0:
+            return
+        self._progress_reported = (u.id, heard)
+        await self.publish("playback", state="playing", utterance_id=u.id, heard_ms=heard)
 
     async def _on_dtmf(self, msg: tp.Dtmf) -> None:
         self.dtmf_digits += msg.digit

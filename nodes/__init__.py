@@ -67,7 +67,7 @@ from ._events import (
 )
 from ._llm import ChatChunk, ChatResponse, ChatStream, OpenAIClient, ToolCall, ToolResult
 from ._node import Node
-from ._output_agent import OutputAgentNode
+from ._output_agent import OutputAgentNode, ResponsePacer
 from ._session import AgentSession, EventHandler, SessionState
 from ._tools import FunctionSchema, FunctionToolInfo, ToolRegistry, function_tool
 from ._tts import (
@@ -118,6 +118,7 @@ __all__ = [
     "OpenAIClient",
     "OutputAgentNode",
     "OutputAgentSettings",
+    "ResponsePacer",
     "SDKAgentControlInterruptEvent",
     "SDKAgentControlMuteUserEvent",
     "SDKAgentControlUnmuteUserEvent",

@@ -86,6 +86,7 @@ from config import (
     Config,
     ConfigHolder,
     ConfigProblem,
+    LLMConfig,
     LLMNodeConfig,
     PythonNodeConfig,
     ScriptRule,
@@ -545,6 +546,8 @@ class _ClassPlan:
     config: PythonNodeConfig
     cls: type[Node]
     where: SubPath
+    llm: LLMConfig | None = None  # the node's ``self.llm`` (its own ``llm``, else the agent's)
+    tools: ToolRegistry | None = None  # its ``self.tool_registry`` (None: no tools declared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,7 +598,7 @@ class _AgentPlan:
                 if isinstance(node, LLMNodeConfig):
                     self.plans.append(self._llm_plan(node, where, tool_loader))
                 else:
-                    self.plans.append(self._class_plan(node, where))
+                    self.plans.append(self._class_plan(node, where, tool_loader))
             except _Unbuildable as exc:
                 self.problems.append(exc.problem)
         if self.problems:
@@ -632,9 +635,15 @@ class _AgentPlan:
 
     def _llm_plan(self, node: LLMNodeConfig, where: SubPath, tool_loader: ToolLoader) -> _LLMPlan:
         llm = self.agent.llm
-        registry = ToolRegistry()
         refs, tools_at = (node.tools, (*where, "tools")) if node.tools else (
             llm.tools if llm is not None else [], ("llm", "tools"))  # fmt: skip
+        registry = self._tools(refs, tools_at, tool_loader)
+        prompt = node.prompt or (llm.prompt if llm is not None else None)
+        return _LLMPlan(node, prompt, registry, where)
+
+    @staticmethod
+    def _tools(refs: list[str], tools_at: SubPath, tool_loader: ToolLoader) -> ToolRegistry:
+        registry = ToolRegistry()
         for index, ref in enumerate(refs):
             try:
                 function = tool_loader(ref)
@@ -644,10 +653,11 @@ class _AgentPlan:
                     registry.register(function_tool(function))
             except Exception as exc:  # user code: an import or a signature that fails
                 raise _Unbuildable((*tools_at, index), f"tool {ref!r}: {exc}") from exc
-        prompt = node.prompt or (llm.prompt if llm is not None else None)
-        return _LLMPlan(node, prompt, registry, where)
+        return registry
 
-    def _class_plan(self, node: PythonNodeConfig, where: SubPath) -> _ClassPlan:
+    def _class_plan(
+        self, node: PythonNodeConfig, where: SubPath, tool_loader: ToolLoader
+    ) -> _ClassPlan:
         try:
             target = load_agent(node.ref)
         except AgentLoadError as exc:
@@ -667,7 +677,18 @@ class _AgentPlan:
                 f"{target.__name__} defines is_interruptible itself, so the YAML cannot set "
                 "`interruptible`",
             )
-        return _ClassPlan(node, target, where)
+        if not issubclass(target, OutputAgentNode):
+            return _ClassPlan(node, target, where)
+        # What the seed's code uses of a node: self.llm, self.tool_schemas, self.tool_registry.
+        llm = node.llm or self.agent.llm
+        if node.tools:
+            refs, tools_at = node.tools, (*where, "tools")
+        elif node.llm is not None:
+            refs, tools_at = node.llm.tools, (*where, "llm", "tools")
+        else:
+            refs, tools_at = (llm.tools if llm is not None else []), ("llm", "tools")
+        tools = self._tools(refs, tools_at, tool_loader) if refs else None
+        return _ClassPlan(node, target, where, llm, tools)
 
     def _check_gotos(self, outputs: set[str]) -> None:
         rules: list[tuple[SubPath, list[ScriptRule]]] = [(("script",), list(self.agent.script))]
@@ -714,7 +735,7 @@ class _AgentPlan:
                 router.register(configured, plan.config.greeting)
                 nodes[name] = configured
             else:
-                nodes[name] = self._located(plan, self._make, plan, router)
+                nodes[name] = self._located(plan, self._make, plan, router, llms)
         session.add_node(router)
         for node in nodes.values():
             session.add_node(node)
@@ -725,13 +746,32 @@ class _AgentPlan:
         for parent, child in agent.edges:
             session.add_edge(nodes[parent], nodes[child])
 
-    def _make(self, plan: _ClassPlan, router: _Router) -> Node:
+    def _make(self, plan: _ClassPlan, router: _Router, llms: list[ChatLLM]) -> Node:
         cfg = plan.config
         node = plan.cls(**cfg.args)
         node.name = cfg.name
         if cfg.interruptible is not None:
             node._is_interruptible = cfg.interruptible
         if isinstance(node, OutputAgentNode):
+            # What the class sets itself (as smallestai's examples do) is kept.
+            if node.llm is None and plan.llm is not None:
+                agent = self.agent
+                if cfg.llm is not None:
+                    agent = agent.model_copy(update={"llm": cfg.llm})
+                node.llm = self._llm_factory(agent, LLMNodeConfig(kind="llm", name=cfg.name))
+                node._llm_prompt = plan.llm.prompt
+                llms.append(node.llm)
+            if node.tool_registry is None and plan.tools is not None:
+                node.tool_registry = plan.tools
+            if node.tool_schemas is None and node.tool_registry is not None:
+                node.tool_schemas = node.tool_registry.get_schemas()
+            default = type(node).generate_response is OutputAgentNode.generate_response
+            if node.llm is None and default:
+                raise _Unbuildable(
+                    (*plan.where, "ref"),
+                    f"{plan.cls.__name__} defines no generate_response, so it answers with its "
+                    "LLM: give the node or the agent an `llm` section",
+                )
             own = node.greeting
             # The SDK greets on join with ``greeting``: only the first node may.
             node.greeting = (self.agent.greeting or own) if cfg.name == self.first else None

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +40,17 @@ from ._events import (
 )
 from ._node import Node
 
-__all__ = ["OutputAgentNode"]
+__all__ = ["OutputAgentNode", "ResponsePacer"]
+
+ResponsePacer = Callable[[str, int], Awaitable[None]]
+"""``pacer(request_id, emitted)``: returns when the response ``request_id``, which has emitted
+``emitted`` chunks, may produce its next one (the session worker: when the caller is about to
+hear the last of them). Awaited before every chunk but the first."""
 
 logger = logging.getLogger(__name__)
+
+# LLM calls of one default response: a model that keeps calling tools is cut off after this many.
+_MAX_TOOL_ROUNDS = 4
 
 # Responses remembered for a later cut: a barge-in can arrive long after the text was generated,
 # while the gateway is still playing it.
@@ -70,15 +78,26 @@ class OutputAgentNode(Node):
         context: The conversation (OpenAI-format messages).
         settings: Output settings the platform may update.
         greeting: If set, spoken when the caller joins (``system.user.joined``).
+        llm: The node's LLM (``OpenAIClient`` or anything with its streaming ``chat``). As in
+            smallestai, a node sets it itself; a node declared in YAML (``kind: python``) that
+            does not gets the one of its ``llm`` (default: the agent's).
+        tool_registry: Its ``ToolRegistry``; from YAML, the node's ``tools`` (``module:function``).
+        tool_schemas: ``tool_registry.get_schemas()`` (JSON schema from signature and docstring).
     """
 
     greeting: str | None = None
+    llm: Any = None
+    tool_registry: Any = None
+    tool_schemas: Any = None
+    _llm_prompt: str | None = None  # the YAML ``llm.prompt``, for the default generate_response
 
     def __init__(self, name: str | None = None, is_interruptible: bool = True) -> None:
         super().__init__(name, is_interruptible)
         self.settings = OutputAgentSettings()
         self.context = ContextManager()
         self._responses: OrderedDict[str, _Response] = OrderedDict()
+        # Set by the AgentSession at start: None generates as fast as the chunks are taken.
+        self._pacer: ResponsePacer | None = None
 
     async def process_event(self, event: SDKEvent) -> None:
         """Act on the event, then pass it on to the children."""
@@ -108,9 +127,58 @@ class OutputAgentNode(Node):
         await self._emit(SDKAgentSpeakEvent(text=text, request_id=response.request_id))
 
     async def generate_response(self) -> AsyncIterator[str]:
-        """Yield the response's text chunks; read the conversation from ``self.context``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement generate_response()")
-        yield ""  # pragma: no cover - makes this an async generator
+        """Yield the response's text chunks; read the conversation from ``self.context``.
+
+        This default (for a node that defines none, e.g. the seed's ``MyAgent`` declared in
+        YAML) answers with ``self.llm`` and the conversation (after ``llm.prompt`` as the system
+        prompt), runs the tools of ``self.tool_registry`` the model calls and streams its answer
+        to their results. Without ``self.llm`` it raises ``NotImplementedError``.
+        """
+        llm = self.llm
+        if llm is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement generate_response() or have an llm"
+            )
+        for _ in range(_MAX_TOOL_ROUNDS):
+            messages = list(self.context.messages)
+            if self._llm_prompt:
+                messages.insert(0, {"role": "system", "content": self._llm_prompt})
+            stream = await llm.chat(messages=messages, stream=True,
+                                    tools=self.tool_schemas or None)
+            calls: list[Any] = []
+            try:
+                async for chunk in stream:
+                    if chunk.content:
+                        yield chunk.content
+                    if chunk.tool_calls:
+                        calls.extend(chunk.tool_calls)
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            if not calls or self.tool_registry is None:
+                return
+            results = await self.tool_registry.execute(calls, parallel=True)
+            request = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ],
+            }
+            self._add_before_reply([request, *(r.to_message() for r in results)])
+        logger.warning("[%s] still calling tools after %d rounds; reply cut short", self.name,
+                       _MAX_TOOL_ROUNDS)
+
+    def _add_before_reply(self, messages: list[dict[str, Any]]) -> None:
+        # The response keeps one assistant message (the one a barge-in cuts to what was heard),
+        # so tool messages go before it: the stored conversation stays valid for the API.
+        reply = next(reversed(self._responses.values())).message if self._responses else None
+        stored = self.context.messages
+        index = next((i for i, m in enumerate(stored) if m is reply), len(stored))
+        stored[index:index] = messages
 
     # -- internals --------------------------------------------------------------------------
     def _new_response(self) -> _Response:
@@ -168,8 +236,19 @@ class OutputAgentNode(Node):
         rid = response.request_id
         await self._emit(SDKAgentLLMResponseStartEvent(request_id=rid))
         chunks = self.generate_response()
+        emitted = 0
         try:
-            async for chunk in chunks:
+            while True:
+                # The generator runs on (its code after a ``yield``) only once the pacer says
+                # the caller is about to hear what it yielded last: a node's state at a
+                # barge-in is where the caller was, not where text to speech was.
+                if emitted and self._pacer is not None:
+                    await self._pacer(rid, emitted)
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                emitted += 1
                 text = "" if chunk is None else str(chunk)
                 self._record(response, text)
                 try:

@@ -130,6 +130,7 @@ async def run_worker(
         synthesizer=synthesizer,
         synthesizer_factory=factory.synthesizer,
         twilio_client=twilio_client,
+        lookahead_for=lambda call: factory.agent_for(call).tts.lookahead_ms,
     )
     logger.info("worker %s: serving agents %s", worker.worker_id, ", ".join(cfg.agents))
     loop = asyncio.get_running_loop()

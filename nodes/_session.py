@@ -36,7 +36,7 @@ from ._events import (
     SDKSystemInitEvent,
 )
 from ._node import Node
-from ._output_agent import OutputAgentNode
+from ._output_agent import OutputAgentNode, ResponsePacer
 
 __all__ = ["AgentSession", "EventHandler", "SessionState"]
 
@@ -135,6 +135,8 @@ class AgentSession:
         init_event: The ``system.init`` event handed to every node's ``start``.
         output_buffer: How many response chunks may wait for the output consumer before the
             generating node waits too; 0 means unbounded.
+        pacer: When each output node's response may produce its next chunk (the session
+            worker paces them on what the caller hears); None: as fast as they are taken.
     """
 
     def __init__(
@@ -143,8 +145,10 @@ class AgentSession:
         *,
         init_event: SDKSystemInitEvent | None = None,
         output_buffer: int = 1,
+        pacer: ResponsePacer | None = None,
     ) -> None:
         self.session_id = session_id
+        self._pacer = pacer
         self.name = f"Session-{session_id}"
         self.init_event = init_event or SDKSystemInitEvent()
         self.nodes: list[Node] = []
@@ -225,6 +229,9 @@ class AgentSession:
         """Build the graph, start every node and emit ``agent.ready``."""
         self._require(SessionState.NEW, "start")
         self._build_graph()
+        if self._pacer is not None:
+            for node in self.output_nodes:
+                node._pacer = self._pacer
         self._state = SessionState.RUNNING
         for node in [self.root, *self.nodes, self.sink]:
             await node.start(self.init_event)

@@ -10,11 +10,14 @@ Uplink (gateway -> worker; every event has ``type`` and ``eid``):
 * ``call_started`` -> ``system.user.joined`` (an output node with ``greeting`` speaks it)
 * ``transcript`` {text, final} with ``final`` true (or absent) -> ``agent.transcript.update``
   (role user; each output node adds it to its context) and ``system.llm.request``
-* ``interrupt`` {utterance_id, heard_ms, heard_text?} -> the cut described below, then
+* ``interrupt`` {utterance_id, heard_ms, heard_text, node, reason} -> the cut described below, then
   ``SDKSystemControlInterruptEvent``
 * ``speech_started`` / ``speech_stopped`` -> ``system.user.started_speaking`` / ``stopped_speaking``
 * ``dtmf`` {digit} -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
-* ``call_ended`` -> the session stops; ``interrupt_suppressed`` and ``playback`` are acked only.
+* ``playback`` {state, utterance_id, heard_ms}: what the caller has heard of an utterance
+  (``state`` ``playing`` at most every ``CallSettings.progress_interval_ms`` of audio heard, and
+  ``finished`` / ``interrupted`` / ``resumed``); with a lookahead it paces the responses (below)
+* ``call_ended`` -> the session stops; ``interrupt_suppressed`` is acked only.
 
 A call lost to another worker (this one stalled past its lease and the bus says
 ``OwnershipLostError``) stops here: the session is stopped, logged, and nothing more is sent,
@@ -45,12 +48,20 @@ LLM stream and unfinished tools included), and saves the conversation. Output th
 node emitted before the interrupt but that has not started playing (a response queued behind the
 interrupted one) is dropped and cut from the context too. ``heard_ms`` maps to
 text as described in ``nodes._alignment``: by the audio duration of each chunk, proportionally by
-characters within a chunk, cut back to a word boundary. Without ``heard_ms`` the gateway's
-``heard_text`` is used; with neither, everything sent counts as heard. An ``interrupt`` naming an
+characters within a chunk, cut back to a word boundary. The gateway's ``heard_text`` (the same
+rule on the text spans of the ``audio`` events it got) is used only without ``heard_ms``; with
+neither, everything sent counts as heard. An ``interrupt`` naming an
 utterance of a node with ``is_interruptible=False`` (the gateway sends ``interrupt_suppressed``
 instead, so this is a gateway bug) is logged and dropped: nothing is cancelled or cut, and the
 graph never sees it. An ``interrupt`` naming an unknown utterance still cancels the interruptible
 generations but cuts nothing.
+
+Pacing (``lookahead_ms``, per agent ``tts.lookahead_ms`` in YAML): a node never runs ahead of
+what the caller hears. The first chunk of a response is pulled at once; each next one (the
+generator's code after its last ``yield``) only once the previous chunks have been spoken and
+the audio sent for the utterance is at most ``lookahead_ms`` ahead of the ``heard_ms`` the
+gateway reported, so at a barge-in the node's state is that of the chunk the caller was hearing
+(or, in the last ``lookahead_ms`` of it, of the next).
 
 Persistence: after every response ends, after every cut and after each applied transcript, the
 worker saves ``{"version": 1, "nodes": {name: messages}, "last_eid", "through", "handled_eids"}``
@@ -112,6 +123,12 @@ SetupFn = Callable[[AgentSession], Awaitable[None]]
 AgentFactory = Callable[[CallInfo], SetupFn]
 
 SNAPSHOT_VERSION = 1
+# Pacing's way out when the gateway stops reporting progress (one too old to send ``playing``,
+# reports lost to a bus outage): the next chunk is pulled anyway this long after the audio
+# still unheard would have played, twice over, with a warning, so the call goes on with a gap
+# instead of in silence.
+_STALL_GRACE_S = 2.0
+
 # Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
 _KEPT_EIDS = 1000
 
@@ -150,6 +167,7 @@ class _Utterance:
     alignment: UtteranceAlignment = field(default_factory=UtteranceAlignment)
     interrupted: bool = False
     ended: bool = False
+    heard_ms: float = 0.0  # what the caller has heard of it (the gateway's ``playback``)
 
 
 @dataclass(slots=True)
@@ -170,6 +188,9 @@ class _Call:
     last_eid: str | None = None
     seq: int = 0
     synth: Synthesizer | None = None  # this call's agent's TTS (None: the worker's default)
+    lookahead_ms: float | None = None  # None: responses are not paced on playback
+    chunks_done: dict[str, int] = field(default_factory=dict)  # request id -> chunks handled
+    progress: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def through(self) -> str | None:
         waiting = set(self.unapplied.values())
@@ -194,6 +215,12 @@ class SessionWorker:
         twilio_client: A ``twilio.rest.Client`` used to end and transfer calls.
         call_control: Instead of ``twilio_client``, any ``CallControl``.
         output_buffer: Response chunks a node may generate ahead of synthesis (see AgentSession).
+        lookahead_ms: Pace every response on what the caller hears: a node's next chunk is
+            pulled from ``generate_response`` only once the audio sent for the response is at
+            most this far ahead of what the gateway reports heard (``playback`` events), so a
+            node's state at a barge-in is where the caller was. None: chunks are pulled as
+            fast as text to speech takes them (a gateway that reports no progress).
+        lookahead_for: Instead of ``lookahead_ms``, the lookahead of each call's agent.
     """
 
     def __init__(
@@ -207,8 +234,12 @@ class SessionWorker:
         call_control: CallControl | None = None,
         output_buffer: int = 1,
         synthesizer_factory: Callable[[CallInfo], Synthesizer] | None = None,
+        lookahead_ms: float | None = None,
+        lookahead_for: Callable[[CallInfo], float | None] | None = None,
     ) -> None:
         self._bus = bus
+        self._lookahead_ms = lookahead_ms
+        self._lookahead_for = lookahead_for
         self._synthesizer_factory = synthesizer_factory
         self._agent_factory = agent_factory
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -270,10 +301,22 @@ class SessionWorker:
 
     async def handle_call(self, call: CallInfo) -> None:
         """Run one call from claim to ``call_ended``."""
+        lookahead = self._lookahead_ms
+        if self._lookahead_for is not None:
+            lookahead = self._lookahead_for(call)
+        holder: list[_Call] = []
+
+        async def pace(request_id: str, emitted: int) -> None:
+            await self._pace(holder[0], request_id, emitted)
+
         session = AgentSession(
-            call.call_sid, init_event=self._init_event(call), output_buffer=self._output_buffer
+            call.call_sid,
+            init_event=self._init_event(call),
+            output_buffer=self._output_buffer,
+            pacer=pace if lookahead is not None else None,
         )
-        state = _Call(call, session)
+        state = _Call(call, session, lookahead_ms=lookahead)
+        holder.append(state)
         self._calls[call.call_sid] = state
         setup_task = asyncio.get_running_loop().create_task(
             self._run_setup(call, session), name=f"setup:{call.call_sid}"
@@ -465,11 +508,60 @@ class SessionWorker:
                 await session.push_event(SDKSystemUserDTMFEvent(digit=digit))
             else:
                 logger.warning("call %s: dtmf without a digit: %r", state.sid, event)
-        elif kind in ("interrupt_suppressed", "playback", "call_ended"):
+        elif kind == "playback":
+            await self._on_playback(state, event)
+        elif kind in ("interrupt_suppressed", "call_ended"):
             pass
         else:
             logger.warning("call %s: unknown uplink event %r skipped", state.sid, kind)
         return None
+
+    async def _on_playback(self, state: _Call, event: Event) -> None:
+        utterance = state.utterances.get(str(event.get("utterance_id")))
+        heard_ms = event.get("heard_ms")
+        if utterance is None or not isinstance(heard_ms, int | float) or isinstance(heard_ms, bool):
+            return
+        utterance.heard_ms = max(utterance.heard_ms, float(heard_ms))
+        await self._progressed(state)
+
+    # -- pacing -----------------------------------------------------------------------------
+    async def _progressed(self, state: _Call) -> None:
+        if state.lookahead_ms is None:
+            return
+        async with state.progress:
+            state.progress.notify_all()
+
+    async def _pace(self, state: _Call, request_id: str, emitted: int) -> None:
+        """Return when response ``request_id`` may produce its next chunk: every chunk it
+        emitted has been spoken and the caller is within ``lookahead_ms`` of its end."""
+        lookahead = state.lookahead_ms
+        assert lookahead is not None
+
+        def ready() -> bool:
+            if state.chunks_done.get(request_id, 0) < emitted:
+                return False  # the last chunk is still being synthesized
+            utterance = state.by_request.get(request_id)
+            if utterance is None or utterance.ended:
+                return True  # nothing audible yet (empty chunks) or nothing more to say
+            if utterance.interrupted:
+                return False  # the barge-in's cancellation is on its way
+            return utterance.alignment.audio_ms - utterance.heard_ms <= lookahead
+
+        utterance = state.by_request.get(request_id)
+        unheard_ms = 0.0
+        if utterance is not None:
+            unheard_ms = max(0.0, utterance.alignment.audio_ms - utterance.heard_ms)
+        stall_s = 2 * unheard_ms / 1000 + _STALL_GRACE_S
+        async with state.progress:
+            try:
+                async with asyncio.timeout(stall_s):
+                    await state.progress.wait_for(ready)
+            except TimeoutError:
+                logger.warning(
+                    "call %s: no playback progress from the gateway for %.1f s; the next chunk "
+                    "is pulled without it (the node may run ahead of the caller)",
+                    state.sid, stall_s,
+                )
 
     async def _on_interrupt(self, state: _Call, event: Event) -> None:
         utterance = state.utterances.get(str(event.get("utterance_id")))
@@ -612,6 +704,15 @@ class SessionWorker:
         return True
 
     async def _on_chunk(self, state: _Call, event: SDKAgentLLMResponseChunkEvent) -> None:
+        try:
+            await self._handle_chunk(state, event)
+        finally:
+            rid = event.request_id
+            if rid is not None:
+                state.chunks_done[rid] = state.chunks_done.get(rid, 0) + 1
+            await self._progressed(state)
+
+    async def _handle_chunk(self, state: _Call, event: SDKAgentLLMResponseChunkEvent) -> None:
         if not event.text:
             return
         utterance = state.by_request.get(event.request_id) if event.request_id else None
@@ -625,6 +726,8 @@ class SessionWorker:
         utterance = state.by_request.get(event.request_id) if event.request_id else None
         if utterance is not None:
             await self._end_utterance(state, utterance)
+        if event.request_id is not None:
+            state.chunks_done.pop(event.request_id, None)
         await self._save(state)  # end of a turn
 
     async def _on_speak(self, state: _Call, event: SDKAgentSpeakEvent) -> None:
