@@ -79,6 +79,8 @@ def chaos_config(stt_port: int) -> str:
         f"""
         server:
           max_calls: 100000
+        twilio:
+          validate_signatures: false  # the callers here are the bench, not Twilio
         default_agent: dtmf
         agents:
           dtmf:
@@ -475,9 +477,11 @@ class Chaos:
         for fault in faults:
             await asyncio.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
             if fault.kind in ("worker_freeze", "worker_kill"):
-                slot = self.rng.randrange(len(s.workers))
-                w = s.workers[slot]
-                owned = await self._owned_by(w.name)
+                # A worker that owns calls (any, when none does), so there is a takeover to time.
+                owned_by = [await self._owned_by(w.name) for w in s.workers]
+                busy = [i for i, n in enumerate(owned_by) if n] or list(range(len(s.workers)))
+                slot = self.rng.choice(busy)
+                w, owned = s.workers[slot], owned_by[slot]
                 if fault.kind == "worker_freeze":
                     w.signal_group(signal.SIGSTOP)
                     t = time.monotonic()
@@ -513,7 +517,8 @@ class Chaos:
                 gw = s.gateways[i]
                 self.callers.gateway_down.add(i)
                 self.callers.killed_gateway = i
-                on_it = sum(1 for c in self.callers.live.values() if c.gateway == i)
+                on_it = sum(1 for c in self.callers.live.values()
+                            if c.gateway == i and c.outcome == "running")
                 gw.kill()
                 t = time.monotonic()
                 self.note(t0, "gateway killed", gateway=gw.name, calls=on_it)
