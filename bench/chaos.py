@@ -371,7 +371,8 @@ class Callers:
             call.outcome = "completed"
             await ws.close()
         except (ConnectionError, aiohttp.ClientError, OSError) as exc:
-            call.outcome, call.error, call.cut_at = "cut", f"{type(exc).__name__}: {exc}", time.monotonic()
+            call.outcome, call.error = "cut", f"{type(exc).__name__}: {exc}"
+            call.cut_at = time.monotonic()
         finally:
             if not ws.closed:
                 await ws.close()
@@ -544,7 +545,10 @@ async def _stt_stub(port: int) -> Any:
     from aiohttp import web
 
     async def transcribe(request: web.Request) -> web.Response:
-        await request.read()
+        try:
+            await request.read()
+        except ConnectionResetError:  # the gateway gave the upload up (a barge-in, a kill)
+            return web.Response(status=499)
         return web.json_response({"text": "hello"})
 
     app = web.Application(client_max_size=1 << 24)
@@ -622,7 +626,11 @@ def report(args: argparse.Namespace, callers: Callers, chaos: Chaos, faults: lis
     dup = sum(c.counts()[1] for c in completed)
     keys = sum(len(c.sent) for c in completed)
     cut_dup = sum(c.counts()[1] for c in cut)
-    delays = sorted(a - s for c in completed for s, a in zip(c.sent_at, c.answer_at, strict=False))
+    # Key press to its answer on the downlink (calls whose answers pair one to one with keys).
+    delays = sorted(a - s for c in completed if c.counts() == (0, 0)
+                    for s, a in zip(c.sent_at, c.answer_at, strict=False))
+    bad = [c for c in calls if c in cut_other or c in failed
+           or (c.outcome == "completed" and c.counts() != (0, 0))]
     out = {
         "calls": args.calls, "seconds": round(wall, 1), "seed": args.seed,
         "faults": chaos.log,
@@ -633,14 +641,15 @@ def report(args: argparse.Namespace, callers: Callers, chaos: Chaos, faults: lis
         "duplicated_on_cut_calls": cut_dup,
         "worst_takeover_s": round(max(chaos.takeovers), 2) if chaos.takeovers else None,
         "takeovers_s": [round(t, 2) for t in chaos.takeovers],
-        "answer_delay_p50_s": percentile(delays, 0.5), "answer_delay_max_s": delays[-1] if delays else None,
+        "answer_delay_p50_s": percentile(delays, 0.5),
+        "answer_delay_max_s": delays[-1] if delays else None,
         "barge_ins_cleared": sum(len(c.clears) for c in calls),
         "barge_ins_cleared_during_redis_outage": sum(
             1 for c in calls for t in c.clears if any(a <= t <= b for a, b in chaos.redis_down)),
         "problems": [
             {"call": c.sid, "gateway": c.gateway, "outcome": c.outcome, "error": c.error,
              "sent": "".join(c.sent), "answered": "".join(a.removeprefix(ANSWER) for a in c.answers)}
-            for c in calls if c in cut_other or c in failed or (c.outcome == "completed" and c.counts() != (0, 0))
+            for c in bad
         ],
     }
     return out
@@ -679,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=40, help="concurrent calls (default 40)")
     p.add_argument("--minutes", type=float, default=20.0, help="run length (default 20)")
-    p.add_argument("--seconds", type=float, default=None, help="run length in seconds (overrides --minutes)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="run length in seconds (overrides --minutes)")
     p.add_argument("--seed", type=int, default=13)
     p.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     p.add_argument("--call-seconds", type=float, default=60.0, help="mean call length (default 60)")
