@@ -1674,9 +1674,15 @@ class _Shard:
                     raise result
                 log.error("bus %s: claiming uplink messages of call %s failed: %s", bus.bus_id, sid, result)
                 continue
+            # The call may have left the shard while its claim was in flight (its session
+            # stopped on a lost lease, or it ended): it then has no position to move on, and
+            # setting one would bring it back (bench.chaos: a worker resumed from SIGSTOP lost
+            # 12 calls at once and this reader task died of the KeyError, with the uplinks of
+            # every call left in the shard).
+            gone = key not in self.subs
             if int(result[0]) == 0:
                 bus._fenced_out(sid, consumer, token, "claiming its uplink messages")
-                if key in arrived:  # not ours to read: look past them
+                if key in arrived and not gone:  # not ours to read: look past them
                     self._set_pos(key, _max_id(self._pos[key], arrived[key]))
                 continue
             entries = [(entry_id, _flat_fields(flat)) for entry_id, flat in result[1]]
@@ -1686,7 +1692,8 @@ class _Shard:
                 out.append((key, entries))
             if key in arrived:
                 at = _max_id(at, arrived[key])
-            self._set_pos(key, at)
+            if not gone:
+                self._set_pos(key, at)
         return out
 
     def _set_pos(self, key: bytes, position: str) -> None:
