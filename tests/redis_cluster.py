@@ -6,6 +6,7 @@ that a test can fail a primary over (``CLUSTER FAILOVER`` on its replica) mid-ca
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import pytest
 from redis import Redis
 from redis.cluster import key_slot
 
-from tests.redis_server import RedisServer, redis_server_factory
+from tests.redis_server import RedisServer, require_redis_server
 
 __all__ = ["RedisClusterServers", "redis_cluster", "shared_redis_cluster_url", "start_cluster"]
 
@@ -122,12 +123,38 @@ def wait_for(predicate: object, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def start_cluster(make: object, primaries: int = 3, replicas: bool = True) -> RedisClusterServers:
-    """Start and join a cluster with ``make`` (``redis_server_factory``'s), ready to serve."""
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, \
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:  # fmt: skip
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            if port + 10000 > 65535:
+                continue
+            try:
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def start_cluster(root: Path, servers_out: list[RedisServer], primaries: int = 3, replicas: bool = True) -> RedisClusterServers:
+    """Start and join a cluster under ``root``, ready to serve; every server started is
+    appended to ``servers_out`` (stop them all afterwards, also when this fails)."""
+    require_redis_server()
     args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(_NODE_TIMEOUT_MS))  # fmt: skip
-    mains = [make(*args) for _ in range(primaries)]  # type: ignore[operator]
-    reps = [make(*args) for _ in range(primaries)] if replicas else []  # type: ignore[operator]
+
+    def make(i: int) -> RedisServer:
+        server = RedisServer(root / f"node{i}", port=_cluster_port(), extra_args=args)
+        servers_out.append(server)
+        server.start()
+        return server
+
+    mains = [make(i) for i in range(primaries)]
+    reps = [make(primaries + i) for i in range(primaries)] if replicas else []
     cluster = RedisClusterServers(mains, reps)
     servers = cluster.servers
     for epoch, server in enumerate(servers, 1):
@@ -173,18 +200,20 @@ def start_cluster(make: object, primaries: int = 3, replicas: bool = True) -> Re
 def shared_redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A cluster for tests that only need *a* cluster (they namespace their keys; none fails it
     over): three primaries, no replicas, for the whole session."""
-    make, cleanup = redis_server_factory(tmp_path_factory.mktemp("redis-cluster"))
+    servers: list[RedisServer] = []
     try:
-        yield start_cluster(make, replicas=False).url
+        yield start_cluster(tmp_path_factory.mktemp("redis-cluster"), servers, replicas=False).url
     finally:
-        cleanup()
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
     """A cluster of its own for one test (three primaries, three replicas): it may fail over."""
-    make, cleanup = redis_server_factory(tmp_path)
+    servers: list[RedisServer] = []
     try:
-        yield start_cluster(make)
+        yield start_cluster(tmp_path, servers)
     finally:
-        cleanup()
+        for server in servers:
+            server.stop()
