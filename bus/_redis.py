@@ -1144,16 +1144,18 @@ class RedisBus(Bus):
         while self._state is _State.OPEN:
             try:
                 reply = await redis.xreadgroup(GROUP, worker_id, {shard: ">"}, count=self._claim_batch, block=block)
-            except _CONNECTION_ERRORS as exc:
+            except (*_CONNECTION_ERRORS, ResponseError) as exc:
+                if isinstance(exc, ResponseError) and _err_code(exc) == "NOGROUP":
+                    with contextlib.suppress(*_CONNECTION_ERRORS):
+                        await self._create_groups(redis, [shard])
+                    continue
                 failures += 1
-                self._outage.lost(exc)
+                if isinstance(exc, _CONNECTION_ERRORS) or _is_reroute(exc):
+                    self._outage.lost(exc)  # a failover unblocks the read (UNBLOCKED): read again
+                else:
+                    # A dead pump would leave this shard's new calls to other workers: go on.
+                    log.error("bus %s: reading the calls registry %s failed: %s", self.bus_id, shard, exc)
                 await asyncio.sleep(self._backoff.compute(failures))
-                continue
-            except ResponseError as exc:
-                if _err_code(exc) != "NOGROUP":
-                    raise
-                with contextlib.suppress(*_CONNECTION_ERRORS):
-                    await self._create_groups(redis, [shard])
                 continue
             failures = 0
             self._outage.ok()

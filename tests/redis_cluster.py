@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from redis import Redis
+from redis.exceptions import ResponseError
 from redis.cluster import key_slot
 
 from tests.redis_server import RedisServer, require_redis_server
 
-__all__ = ["RedisClusterServers", "redis_cluster", "shared_redis_cluster_url", "start_cluster"]
+__all__ = ["RedisClusterServers", "redis_cluster", "redis_cluster_url", "shared_redis_cluster_url", "start_cluster"]
 
 _SLOTS = 16384
 # Node timeout: how long a primary may be silent before its replica may take over. Short, so a
@@ -45,23 +46,19 @@ class RedisClusterServers:
         return Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
 
     def primary_of(self, key: str) -> RedisServer:
-        """The server that serves ``key``'s slot as primary now."""
-        slot = key_slot(key.encode())
+        """The server that serves ``key``'s slot as primary now (the others answer MOVED)."""
         for server in self.servers:
             if not server.running:
                 continue
             with self.client(server) as c:
                 if c.execute_command("ROLE")[0] != b"master":
                     continue
-                for entry in c.execute_command("CLUSTER", "SHARDS"):
-                    fields = dict(zip(entry[::2], entry[1::2], strict=True))
-                    slots = fields[b"slots"]
-                    me = _node_id(c)
-                    nodes = fields[b"nodes"]
-                    ids = {dict(zip(n[::2], n[1::2], strict=True))[b"id"].decode() for n in nodes}
-                    if me in ids and any(int(a) <= slot <= int(b) for a, b in zip(slots[::2], slots[1::2], strict=True)):
-                        return server
-        raise AssertionError(f"no primary serves slot {slot}")
+                try:
+                    c.execute_command("EXISTS", key)
+                except ResponseError:
+                    continue
+                return server
+        raise AssertionError(f"no primary serves slot {key_slot(key.encode())} of {key}")
 
     def replica_of(self, primary: RedisServer) -> RedisServer:
         with self.client(primary) as c:
@@ -214,6 +211,17 @@ def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
     servers: list[RedisServer] = []
     try:
         yield start_cluster(tmp_path, servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(tmp_path: Path) -> Iterator[str]:
+    """The URL of a cluster of its own for one test (three primaries, no replicas)."""
+    servers: list[RedisServer] = []
+    try:
+        yield start_cluster(tmp_path, servers, replicas=False).url
     finally:
         for server in servers:
             server.stop()

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import pytest
 
 from bus import Bus, EmbeddedBus, EmbeddedHub, RedisBus
-from tests.redis_cluster import redis_cluster, shared_redis_cluster_url
+from tests.redis_cluster import redis_cluster, redis_cluster_url, shared_redis_cluster_url
 from tests.redis_server import make_redis_server, redis_server, shared_redis_url
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "eventually",
     "make_redis_server",
     "redis_cluster",
+    "redis_cluster_url",
     "redis_server",
     "shared_redis_cluster_url",
     "shared_redis_url",
