@@ -515,6 +515,7 @@ class RedisBus(Bus):
         self._buf = OutboundBuffer(buffer_max)
         self._outage = _Outage(self)
         self._redis: Any = None  # Redis, or RedisCluster
+        self._topology: Any = None  # a Cluster: the client that finds each slot's primary
         self._closing: asyncio.Future[None] | None = None
         self._wake_writer: asyncio.Event | None = None
         self._flush_waiters: list[asyncio.Future[None]] = []
@@ -597,13 +598,19 @@ class RedisBus(Bus):
         )
         return client
 
-    async def _node_client(self, key: str) -> Redis:
+    async def _node_client(self, key: str, *, refresh: bool) -> Redis:
         """A Cluster only: a one-connection client to the primary that serves ``key``'s slot,
-        for a reader's blocking reads (a Cluster client cannot lend a raw connection). The
-        topology is re-read first, so after a failover it names the new primary."""
-        cluster = self._redis
-        assert cluster is not None
-        await cluster.nodes_manager.initialize()
+        for a reader's blocking reads (a Cluster client cannot lend a raw connection).
+        ``refresh``: re-read the topology first (after a failure: a failover moved the slot).
+        Lookups go through a client of their own: re-reading the topology of the client the
+        writer uses would swap its nodes under its in-flight pipeline."""
+        if self._topology is None:
+            self._topology = self._client()
+        cluster = self._topology
+        if refresh:
+            await cluster.nodes_manager.initialize()
+        else:
+            await cluster.initialize()
         node = cluster.get_node_from_key(key)
         return Redis(
             host=node.host,
@@ -726,6 +733,8 @@ class RedisBus(Bus):
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await self._redis.delete(*wakes)
         await self._redis.aclose()
+        if self._topology is not None:
+            await self._topology.aclose()
 
     async def _hand_back_calls(self) -> None:
         """Give the calls this bus still owns to the pool at once (no waiting for the lease)."""
@@ -1310,8 +1319,16 @@ class RedisBus(Bus):
                     return
                 if message is not None:
                     yield message  # type: ignore[misc]
+                    await asyncio.sleep(0)  # see below
             while True:
-                item = await sub.queue.get()
+                if sub.queue.empty():
+                    item = await sub.queue.get()
+                else:
+                    # A backlog (a call taken over, a burst) would otherwise be handled without
+                    # ever yielding to the loop: the writer could not send the handler's saves
+                    # and acks until it ended, and a worker killed meanwhile would lose them all.
+                    await asyncio.sleep(0)
+                    item = sub.queue.get_nowait()
                 if item is _CLOSED:
                     raise BusClosedError("the bus is closed")
                 if item is _LOST:
@@ -1763,7 +1780,7 @@ class _Shard:
                 keys = list(self.subs)
                 try:
                     if client is None:  # a Cluster: the primary serving this shard's slot, now
-                        client = await bus._node_client(self.wake)
+                        client = await bus._node_client(self.wake, refresh=failures > 0)
                     if consumer is None:
                         streams: dict[Any, Any] = {self._wake_b: self._wake_last}
                         for key in keys:
