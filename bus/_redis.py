@@ -54,10 +54,16 @@ its keys to expire in ``dead_call_ttl_s``. Its agent takes the usual ``call_ende
 lease ends with the tombstone. Worst case from kill to ``call_ended``: gateway_ttl + grace +
 heartbeat (5.5 s with the defaults).
 
-Redis Cluster. The keys are laid out for it, but RedisBus talks to one Redis (standalone, or a
-Sentinel-managed primary): it batches across calls (a shard's XREAD names many calls'
-streams; one Lua script renews up to 256 leases), which a Cluster client would have to split
-by hash slot. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
+Redis Cluster (``redis+cluster://host:port,host:port``). A multi-key command (a shard's XREAD
+over many calls, a script renewing many leases) must stay in one hash slot, and one slot per
+call would mean one blocking connection per call. So on a Cluster a call's keys carry the tag
+of its slot group, ``cg:{g<n>}:CA..:up`` (n = crc32(sid) mod ``slot_groups``): every script
+still touches one slot, a reader shard watches the calls of one group (its wake stream in the
+same slot) over a connection to that slot's primary, and renewals are batched per group, all
+groups in one pipeline. The calls registry is split over ``calls_shards`` streams
+``cg:calls:{c<k>}``, each read by a pump task of every claim loop. A failover (redirections,
+CLUSTERDOWN, UNBLOCKED on a blocked read) is handled as an outage: back off, re-resolve the
+slot's primary, resync. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
 
 Reading many calls. Each bus runs one uplink reader per worker id and one downlink reader. A
 reader spreads its calls over shards of ``streams_per_read`` (64) streams; a shard is a task
