@@ -1825,7 +1825,10 @@ class _Shard:
                 self._dispatch(reply or [])
         finally:
             if client is not None:
-                await client.aclose()
+                # Shielded: aclose() cancels its tasks again and again until they end, and a
+                # cancel landing in here would leave the connection open (a Cluster bus has a
+                # shard per slot group, so many of them close at once).
+                await asyncio.shield(client.aclose())
 
     async def _read_new(self, client: Redis, consumer: str, keys: list[bytes]) -> list[Any]:
         """New uplink messages of the shard's calls, claimed under each call's lease.
