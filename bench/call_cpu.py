@@ -55,9 +55,13 @@ class _Timed:
 
 
 async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
-                  runtime: str = "auto", max_wait_ms: float = 5.0) -> dict[str, Any]:
+                  runtime: str = "auto", max_wait_ms: float = 5.0,
+                  echo_canceller: str | None = None, bot_silent: bool = False
+                  ) -> dict[str, Any]:
     """N calls for ``seconds`` of media time; CPU figures per call-second. ``runtime`` and
-    ``max_wait_ms``: the engine's, as ``callgate serve`` sets them by default."""
+    ``max_wait_ms``: the engine's, as ``callgate serve`` sets them by default.
+    ``echo_canceller``: ``aec3`` or ``off`` (barge_in.echo_canceller); None: the default.
+    ``bot_silent``: the bot never talks (what an echo canceller costs a call it cannot help)."""
     from bus import EmbeddedBus
     from gateway import twilio_protocol as tp
     from gateway.audio import read_wav_ulaw
@@ -90,6 +94,11 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
     run_batch = _Timed(engine._run_batch)
     engine._run_batch = run_batch  # type: ignore[method-assign]
 
+    from gateway.call import CallSettings
+    from vad import AecMode
+
+    settings = (CallSettings() if echo_canceller is None
+                else CallSettings(echo_canceller=AecMode(echo_canceller)))
     calls = []
     for i in range(n):
         name = names[i % len(names)]
@@ -109,7 +118,7 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
             elif kind == "clear":
                 cleared.extend(playout.clear(now[0]))
 
-        session = CallSession(send=send, bus=bus, vad=engine)
+        session = CallSession(send=send, bus=bus, vad=engine, settings=settings)
         await session.handle_text(tp.build_start(
             sequence_number=1, stream_sid=sid, account_sid="AC" + "0" * 32,
             call_sid=f"CA{i:032d}", tracks=["inbound"], custom_parameters={}))
@@ -131,7 +140,7 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
     gc.freeze()
     cpu0 = time.process_time()
     for k in range(total):
-        if k % per_utterance == 0:
+        if k % per_utterance == 0 and not bot_silent:
             for j, (session, _sid, _rec, pieces, *_rest) in enumerate(calls):
                 uid = f"u{k}-{j}"
                 await session.handle_downlink({"type": "utterance_start", "utterance_id": uid,
@@ -168,16 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=30.0, help="media time per call")
     p.add_argument("--runtime", choices=("auto", "torchscript", "onnx"), default="auto")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--echo-canceller", default=None,
+                   help="comma-separated barge_in.echo_canceller values to compare in one run "
+                        "(off,aec3); default: the configured one")
+    p.add_argument("--bot-silent", action="store_true", help="the bot never talks")
     args = p.parse_args(argv)
+    modes = (args.echo_canceller.split(",") if args.echo_canceller else [None])
+    if any(m not in (None, "off", "aec3") for m in modes):
+        p.error(f"--echo-canceller takes off and/or aec3, got {args.echo_canceller!r}")
     if hasattr(os, "sched_getaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     rows = []
     print("calls | VAD batch (N up to 128) | ms CPU per call-second | x first N | Silero | gate+features "
           "| engine rest | call logic + driver")
-    for n in args.calls:
-        r = asyncio.run(measure(n, args.seconds, runtime=args.runtime))
+    for mode, n in ((m, n) for m in modes for n in args.calls):
+        r = asyncio.run(measure(n, args.seconds, runtime=args.runtime, echo_canceller=mode,
+                                bot_silent=args.bot_silent))
+        r["echo_canceller"] = mode or "default"
         rows.append(r)
         r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
+        if len(modes) > 1:
+            print(f"echo_canceller={mode}: ", end="")
         print(f"{n:5d} | {r['mean_batch']:23.1f} | {r['ms_per_call_second']:22.2f} | "
               f"{r['x_first']:8.2f}x | "
               f"{r['silero_ms']:6.2f} | {r['gate_features_ms']:13.2f} | {r['engine_rest_ms']:11.2f} "

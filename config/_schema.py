@@ -302,8 +302,18 @@ class BargeInConfig(_Model):
     (``bench/load.py --chunk-ms``)."""
     dtmf_interrupts: bool = True
     """A key press interrupts an interruptible utterance like speech does."""
+    echo_canceller: Literal["aec3", "off"] = "aec3"
+    """WebRTC AEC3 in front of the VAD while bot audio can be echoing (``vad/_aec.py``), or
+    ``off``: the echo gate alone, the decision before issue #12 (docs/bargein.md compares
+    them)."""
     speech_over_uninterruptible: Literal["keep", "drop"] = "keep"
     """What the caller said over a non-interruptible utterance: keep it as a turn, or drop it."""
+
+    @field_validator("echo_canceller", mode="before")
+    @classmethod
+    def _off_is_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false: `echo_canceller: off` means what it says.
+        return "off" if value is False else value
 
     @model_validator(mode="after")
     def _check_hysteresis(self) -> BargeInConfig:

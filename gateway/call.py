@@ -26,15 +26,20 @@ import enum
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+import numpy as np
 
 from bus import Bus, CallInfo
 from vad import (
+    AecMode,
     BargeInPolicy,
     BargeInSettings,
     BotState,
     Decision,
+    EchoCanceller,
+    EchoCancellerSettings,
     EchoGateSettings,
     PolicyState,
     VadEngine,
@@ -53,6 +58,7 @@ log = logging.getLogger("callgate.call")
 
 # One line per 10 s for the whole process, with the count: a peer may send thousands a second.
 SKIPPED_FRAMES = RateLimitedLog(log, "skipped Twilio frames", interval_s=10.0)
+_NO_SAMPLES = np.zeros(0, dtype=np.float32)
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
 
@@ -72,6 +78,10 @@ class CallSettings:
 
     barge_in: BargeInSettings = field(default_factory=BargeInSettings)
     echo: EchoGateSettings = field(default_factory=EchoGateSettings)
+    echo_canceller: AecMode = AecMode.AEC3
+    """The echo canceller in front of the VAD (``vad/_aec.py``); ``OFF`` is the echo gate alone,
+    the decision before issue #12 (kept selectable so both can be measured in one run)."""
+    aec: EchoCancellerSettings = field(default_factory=EchoCancellerSettings)
     playback_lead_ms: float = 240.0
     """How much bot audio may sit in Twilio's buffer (what a `clear` throws away)."""
     chunk_ms: int = 40
@@ -130,6 +140,8 @@ class CallSession:
         self._authorize = authorize or _accept_any
         self._on_end = on_end
         self._stream: VadStream | None = None
+        self._aec: EchoCanceller | None = None
+        self._cancelled: VadStream | None = None  # the VAD of the echo-cancelled audio
         self._media_end_ms = 0.0
         self._paused_utterance: str | None = None
         self._over_uninterruptible = False
@@ -149,7 +161,11 @@ class CallSession:
     def _configure(self) -> None:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
-        self.policy = BargeInPolicy(self.settings.barge_in)
+        barge_in = self.settings.barge_in
+        if barge_in.dtmf_interrupts != self.settings.dtmf_interrupts:
+            # CallSettings.dtmf_interrupts (the agent's YAML) is the switch; the policy acts on it.
+            barge_in = replace(barge_in, dtmf_interrupts=self.settings.dtmf_interrupts)
+        self.policy = BargeInPolicy(barge_in)
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -215,6 +231,9 @@ class CallSession:
             log, {"call_sid": info.call_sid, "stream_sid": msg.stream_sid}
         )
         self._stream = self._vad.open_stream(echo=self.settings.echo)
+        if AecMode(self.settings.echo_canceller) is AecMode.AEC3:  # "aec3" from a variant too
+            self._aec = EchoCanceller(self.settings.aec)
+            self._cancelled = self._vad.open_stream()
         if self._transcriber_for is not None:
             self._transcriber = self._transcriber_for(info)
         self.phase = CallPhase.STREAMING
@@ -242,9 +261,19 @@ class CallSession:
         # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
         # frame completes at most one window, so this is the state after the previous window.
         stream.gate_adapt = self.policy.state is PolicyState.IDLE
-        for r in await stream.process(samples):
+        cancelled = self._cancelled
+        if cancelled is not None and self._aec is not None:
+            # Silero also hears the frame with the bot's echo removed (a second stream on the
+            # same engine, scored in the same batch): the policy's echo veto (vad/_policy.py).
+            end = int(round(self._media_end_ms * TELEPHONY_RATE / 1000))
+            cancelled.push(self._aec.process(end - len(samples), samples))
+        results = await stream.process(samples)
+        clean = await cancelled.process(_NO_SAMPLES) if cancelled is not None else []
+        for k, r in enumerate(results):
             assert r.gate is not None and r.features is not None
-            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state()):
+            p_clean = clean[k].prob if k < len(clean) else None
+            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state(),
+                                      clean_prob=p_clean):
                 await self._decide(d)
             if self.timeline.sampling:  # the ops stream's readings (gateway/ops.py)
                 self.timeline.sample(r.end_sample / 8, "in", prob=r.prob, gate=r.gate,
@@ -285,6 +314,8 @@ class CallSession:
             await self._apply(out)
         elif d is Decision.COMMIT:
             await self._interrupt(reason="speech")
+        elif d is Decision.DTMF_INTERRUPT:
+            await self._interrupt(reason="dtmf")
         elif d is Decision.RESUME:
             if self._paused_utterance is None:
                 return
@@ -343,8 +374,11 @@ class CallSession:
 
     async def _clear(self, **fields: Any) -> None:
         await self._send(tp.clear_message(self.stream_sid))
+        at = int(self.now_ms * TELEPHONY_RATE / 1000)
         if self._stream is not None:
-            self._stream.clear_reference_from(int(self.now_ms * TELEPHONY_RATE / 1000))
+            self._stream.clear_reference_from(at)
+        if self._aec is not None:
+            self._aec.clear_reference_from(at)
         self.emit("clear_sent", **fields)
 
     async def _interrupt(self, *, reason: str) -> None:
@@ -365,13 +399,11 @@ class CallSession:
         self.emit("dtmf", digit=msg.digit)
         await self.publish("dtmf", digit=msg.digit)
         u = self.playback.current
-        if (
-            self.settings.dtmf_interrupts
-            and u is not None
-            and u.interruptible
-            and u.state in (UtteranceState.PLAYING, UtteranceState.PAUSED)
-        ):
-            await self._interrupt(reason="dtmf")
+        playing = u is not None and u.interruptible and u.state is UtteranceState.PLAYING
+        paused = u is not None and u.interruptible and u.state is UtteranceState.PAUSED
+        bot = BotState.INTERRUPTIBLE if playing else self._bot_state()
+        for d in self.policy.on_dtmf(bot, paused=paused):
+            await self._decide(d)
 
     # -- worker side -----------------------------------------------------------------------
     async def handle_downlink(self, event: dict[str, Any]) -> None:
@@ -454,7 +486,10 @@ class CallSession:
                                  utterance_id=chunk.utterance_id)
         if self._stream is not None:
             start = int(round(chunk.play_at_ms * TELEPHONY_RATE / 1000))
-            self._stream.add_reference(start, ulaw_to_float32(chunk.payload))
+            played = ulaw_to_float32(chunk.payload)
+            self._stream.add_reference(start, played)
+            if self._aec is not None:
+                self._aec.add_reference(start, played)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def end(self, reason: str) -> None:
@@ -466,6 +501,10 @@ class CallSession:
         self.playback.stop_all()
         if self._stream is not None:
             self._stream.close()
+        if self._aec is not None:
+            self._aec.close()
+        if self._cancelled is not None:
+            self._cancelled.close()
         if self._stt_stream is not None:
             self._stt_stream.close()
             self._stt_stream = None

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from linesim.cli import add_parser as add_simulate_parser
+
 __all__ = ["main"]
 
 
@@ -78,6 +80,19 @@ def _replay_recorded(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings_from_config(args: argparse.Namespace) -> dict[str, Any]:
+    """A bot-script replay with ``--config``: the default agent's barge-in settings apply (how
+    two decisions are compared on the same recordings); without it, the built-in defaults."""
+    if args.config is None:
+        return {}
+    from config import ConfigHolder
+
+    from .server import call_settings_from
+
+    cfg = ConfigHolder(args.config).current
+    return {"settings": call_settings_from(cfg.agents[cfg.default_agent].barge_in)}
+
+
 def _replay(args: argparse.Namespace) -> int:
     from config import ConfigError
 
@@ -96,7 +111,7 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     try:
         turns = load_bot_script(args.bot_script) if args.bot_script else None
-        extra = {} if turns is not None else _agent_from_config(args)
+        extra = _settings_from_config(args) if turns is not None else _agent_from_config(args)
         try:
             timeline, playout = asyncio.run(
                 replay(args.recording, bot_script=turns, realtime=args.realtime,
@@ -240,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk = cfg_sub.add_parser("check", help="validate a config file and print a summary")
     chk.add_argument("path", nargs="?", type=Path, default=None)
     chk.set_defaults(fn=_config_check)
+    add_simulate_parser(sub)
     return p
 
 

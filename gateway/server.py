@@ -47,7 +47,7 @@ from aiohttp import WSMsgType, web
 from twilio.twiml.voice_response import Connect, Say, Stream, VoiceResponse
 
 from bus import Bus, CallInfo
-from vad import BargeInSettings, EchoGateSettings, VadEngine
+from vad import AecMode, BargeInSettings, EchoGateSettings, VadEngine
 
 from . import twilio_protocol as tp
 from .call import CallRejected, CallSession, CallSettings
@@ -654,6 +654,7 @@ def call_settings_from(barge_in: Any) -> CallSettings:
                                  resume_on_backchannel=b.resume_on_backchannel,
                                  band_snr_db=b.band_snr_db),
         echo=EchoGateSettings(echo_margin_db=b.echo_margin_db, noise_margin_db=b.noise_margin_db),
+        echo_canceller=AecMode(b.echo_canceller),
         playback_lead_ms=b.playback_lead_ms,
         chunk_ms=b.playback_chunk_ms,
         dtmf_interrupts=b.dtmf_interrupts,
@@ -870,6 +871,14 @@ def serve(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"callgate serve: {exc}", file=sys.stderr)
         return 1
+    if any(a.barge_in.echo_canceller == "aec3" for a in cfg.agents.values()):
+        from vad import EchoCancellerUnavailable, warm_up_echo_canceller
+
+        try:
+            warm_up_echo_canceller()
+        except EchoCancellerUnavailable as exc:
+            print(f"callgate serve: {exc}", file=sys.stderr)
+            return 1
     redis_url = args.redis or cfg.bus.redis_url
     bus = make_bus(redis_url)
     app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime,

@@ -2,12 +2,20 @@
 
 * ``_silero``: Silero VAD at 8 kHz, ONNX or TorchScript behind one interface.
 * ``_engine``: one engine per process; every call's windows batched into shared inferences.
+* ``_aec``: WebRTC AEC3 in front of the VAD, one per call, on the playout clock.
 * ``_echo``: every call's echo and noise gate (is the inbound louder than the bot's own echo?),
   as rows of a bank the engine reads a batch at a time.
 * ``_features``: voicing and DTMF-likeness of a window.
 * ``_policy``: :class:`BargeInPolicy`, the one place where barge-in is decided.
 """
 
+from ._aec import (
+    AecMode,
+    EchoCanceller,
+    EchoCancellerSettings,
+    EchoCancellerUnavailable,
+)
+from ._aec import warm_up as warm_up_echo_canceller
 from ._echo import EchoGate, EchoGateBank, EchoGateSettings, GateReading
 from ._engine import (
     EngineClosed,
@@ -36,6 +44,10 @@ from ._silero import (
 )
 
 __all__ = [
+    "AecMode",
+    "EchoCanceller",
+    "EchoCancellerSettings",
+    "EchoCancellerUnavailable",
     "AdaptiveSilero",
     "BargeInPolicy",
     "BargeInSettings",
@@ -65,5 +77,6 @@ __all__ = [
     "WindowResult",
     "load_runtime",
     "probabilities",
+    "warm_up_echo_canceller",
     "window_features",
 ]

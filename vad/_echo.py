@@ -126,6 +126,14 @@ class GateReading:
     """The bot has talked long enough to tell, and its echo is not heard on this line."""
     band_snr_db: float = 0.0
     """Power in the upper speech band over that band's noise floor (dB; 0 until known)."""
+    ref_db: float = -100.0
+    """The loudest bot audio played in the window's lag range (0 to ``max_lag_ms`` back), per
+    hop, averaged over the window (dBFS): the worst-case echo before any loss is assumed."""
+    erl_db: float = 0.0
+    """The echo return loss the prediction used (dB): the locked path's, else the pre-lock one."""
+    echo_corr: float = 1.0
+    """The best lag correlation of inbound and bot audio envelopes so far; 1 (assume echo)
+    until ``min_lock_hops`` of bot audio have been heard."""
 
     @property
     def over_echo_db(self) -> float:
@@ -403,9 +411,15 @@ class EchoGateBank:
             & (level >= noise_db + s.noise_margin_db)
             & (level >= echo_db + s.echo_margin_db)
         )
+        corr_known = self._active_hops[rows] >= s.min_lock_hops
+        echo_corr = np.where(corr_known, self._lag_corr[rows], 1.0)
+        pmax = pred_max.mean(axis=1)
+        ref_db = np.where(pmax > 0, _db(pmax), _FLOOR_DB)
         return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
                                              locked.tolist(), passes.tolist(),
-                                             echo_free.tolist(), band_snr.tolist(), strict=True)]
+                                             echo_free.tolist(), band_snr.tolist(),
+                                             ref_db.tolist(), erl.tolist(),
+                                             echo_corr.tolist(), strict=True)]
 
     def _band_snr(self, rows: np.ndarray, x: Floats, adapt: npt.NDArray[np.bool_],
                   spectrum: Floats | None) -> Floats:

@@ -72,6 +72,44 @@ class BargeInSettings:
     """A pause never lasts longer than this without a decision (then: commit if speech)."""
     resume_on_backchannel: bool = True
     """False: every pause commits (no resume); for agents that prefer to stop on any speech."""
+    # The echo veto's thresholds below were fitted on the simulator's train split by
+    # ``python -m bench.fit_bargein`` (vad/bargein_fit.json; tests/vad/test_fit.py checks they
+    # are the file's), not tuned by hand. They act only with an echo canceller in front.
+    caller_margin_db: float | None = None
+    """Background voices: once the caller has talked a real turn (``caller_turn_ms``), a window
+    more than this under their median level is not them (a TV, a person in the room 15 dB or
+    more quieter). None: off (not yet fitted; the simulator's grid has no such condition)."""
+    caller_turn_ms: float = 640.0
+    """Caller speech a turn needs before its level is learnt (backchannels do not teach it)."""
+    dtmf_interrupts: bool = True
+    """A key press (Twilio's ``dtmf`` message) stops an interruptible prompt, as IVR menus
+    expect (:meth:`BargeInPolicy.on_dtmf`)."""
+    clean_p_min: float = 0.3
+    """With an echo canceller in front (``clean_prob`` given to :meth:`BargeInPolicy.step`): a
+    window Silero scores under this once the bot's echo is removed is the bot's echo, whatever
+    the raw window looked like, unless the line is known to be echo-free (AEC3 then attenuates
+    the caller instead: its suppressor stays conservative on a line with no echo to learn)."""
+    clean_veto_db: float = 15.0
+    """... and unless the window stands this far over the gate's predicted echo."""
+    worst_erl_db: float | None = None
+    """... and over the worst plausible echo: the loudest bot audio of the last 520 ms less
+    this echo return loss (the gate's own prediction can be far too low before its echo path
+    locks, or after the path changes). None: no such floor (it costs onset latency where the
+    caller is quieter than the bot: dev set p50 84 -> 98 ms, worst 232 -> 395 ms at 6 dB)."""
+    any_lag_margin_db: float | None = None
+    """... and this far over the echo the gate's echo return loss predicts at *any* delay up to
+    520 ms (the loudest bot audio there less the ERL): a delay that changed mid-call puts the
+    echo where the locked lag does not look. None: no such floor."""
+    any_lag_floor_db: float | None = None
+    """With a canceller in front: a window under that any-delay echo plus this margin is never
+    the caller, whatever the cancelled audio sounds like (AEC3 re-converging after a delay
+    change leaves a residual Silero calls speech). None: no such floor."""
+    no_echo_corr: float | None = None
+    """The veto stands aside on a line whose echo path is not locked and whose best envelope
+    correlation with the bot's audio (after ~0.3 s of it) is under this. None: it never does."""
+    clean_veto_locked: bool = True
+    """Apply that veto on a line whose echo delay the gate has locked too (path changes that
+    the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
 
 
 class BotState(enum.Enum):
@@ -96,6 +134,7 @@ class Decision(enum.Enum):
     COMMIT = "commit"  # publish the interrupt: the utterance is over
     RESUME = "resume"  # the speech was a backchannel/noise: play on from the heard point
     SUPPRESSED = "suppressed"  # speech over a non-interruptible utterance
+    DTMF_INTERRUPT = "dtmf_interrupt"  # a key stops the prompt (reason ``dtmf``)
 
 
 class BargeInPolicy:
@@ -110,6 +149,9 @@ class BargeInPolicy:
         self._paused_ms = 0.0
         self._suppressed_this_turn = False
         self._window = 0  # index of the window being stepped
+        self._turn_levels: list[float] = []  # levels of this turn's caller windows
+        self.caller_db: float | None = None
+        """The caller's own level (median of their last real turn's windows), once known."""
         self._run_start = 0  # index of the first window of the current caller run
 
     @property
@@ -118,9 +160,53 @@ class BargeInPolicy:
         onset estimate that barge-in latency metrics are measured from."""
         return self._run_start * WINDOW_MS
 
-    def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+    def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
+                  clean_prob: float | None = None) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
+        if not self._is_caller(prob, gate, feat):
+            return False
+        margin = self.settings.caller_margin_db
+        if margin is not None and self.caller_db is not None and (
+                gate.level_db < self.caller_db - margin):
+            return False  # far under the caller's own voice: someone else in the room
+        if clean_prob is None:
+            return True
+        floor = self.settings.any_lag_floor_db
+        if floor is not None and gate.level_db < gate.ref_db - gate.erl_db + floor:
+            # Under the echo the line's ERL gives at some delay in range: a path whose delay
+            # just changed is not where the lock looks, and AEC3 takes ~1.4 s to follow it.
+            return False
+        return not self.echo_veto(clean_prob, gate)
+
+    def echo_veto(self, clean_prob: float, gate: GateReading) -> bool:
+        """With an echo canceller in front: is this window, which the raw reading took for the
+        caller, the bot's echo after all? Only where the gate cannot tell by itself: its echo
+        path not (or no longer) locked, the line not known to be echo-free, and the window
+        not far above the worst-case echo the gate predicts. Elsewhere the gate decides alone:
+        AEC3's suppressor also holds down the first 100-150 ms of a caller talking over the
+        echo (-26 dBFS in, -63..-36 out on ``echo_plus_barge_in``), and on a line with no echo
+        it never converges and keeps 30-40 dB off the caller while the bot talks."""
         s = self.settings
+        if gate.echo_free or clean_prob >= s.clean_p_min:
+            return False
+        if (s.no_echo_corr is not None and not gate.echo_locked
+                and gate.echo_corr < s.no_echo_corr):
+            # The bot has talked long enough to correlate, and nothing of it comes back: on such
+            # a line AEC3 holds down the caller, not an echo (a first turn, before echo_free).
+            return False
+        if gate.echo_locked and not s.clean_veto_locked:
+            return False
+        return (gate.level_db - gate.echo_db < s.clean_veto_db
+                or s.worst_erl_db is not None and gate.level_db < gate.ref_db - s.worst_erl_db
+                or s.any_lag_margin_db is not None
+                and gate.level_db < gate.ref_db - gate.erl_db + s.any_lag_margin_db)
+
+    def _is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+        s = self.settings
+        if feat.dtmf >= s.dtmf_max:
+            # An in-band key tone is never the caller talking, whatever Silero says of it
+            # (Silero scores DTMF as speech): the key reaches the call as Twilio's `dtmf`.
+            return False
         if gate.passes:
             if prob >= s.p_on:
                 return True
@@ -154,13 +240,20 @@ class BargeInPolicy:
         )
 
     def step(
-        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotState
+        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotState,
+        *, clean_prob: float | None = None,
     ) -> list[Decision]:
+        """One window: Silero's ``prob``, the gate, the features, what the bot is doing, and
+        (with an echo canceller in front) Silero's probability on the echo-cancelled window."""
         s = self.settings
-        caller = self.is_caller(prob, gate, feat)
-        speechy = caller or prob >= s.p_off and gate.passes
+        caller = self.is_caller(prob, gate, feat, clean_prob)
+        speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
         out: list[Decision] = []
         self._run = self._run + 1 if caller else 0
+        if caller:
+            self._turn_levels.append(gate.level_db)
+        elif self.state is PolicyState.IDLE and self._run == 0:
+            self._turn_levels.clear()  # a run that never started a turn teaches nothing
         if self._run == 1:
             self._run_start = self._window
         self._window += 1
@@ -213,6 +306,18 @@ class BargeInPolicy:
             self._reset_idle()
         return out
 
+    def on_dtmf(self, bot: BotState, *, paused: bool) -> list[Decision]:
+        """A key press arrived (Twilio's ``dtmf`` message): with ``dtmf_interrupts`` it stops an
+        interruptible prompt that is playing, or the one ``paused`` for the caller's speech.
+        The in-band tone itself never counts as speech (:meth:`is_caller`)."""
+        if not self.settings.dtmf_interrupts:
+            return []
+        if bot is BotState.INTERRUPTIBLE or paused:
+            if self.state is PolicyState.PAUSED:
+                self.state = PolicyState.INTERRUPTED
+            return [Decision.DTMF_INTERRUPT]
+        return []
+
     def _pause(self, out: list[Decision]) -> None:
         """Hold the bot (``clear``) with the caller's run so far counted as speech."""
         self.state = PolicyState.PAUSED
@@ -221,6 +326,11 @@ class BargeInPolicy:
         out.append(Decision.PAUSE)
 
     def _reset_idle(self) -> None:
+        """The caller's turn ended: learn their level from it if it was a real turn."""
+        levels = self._turn_levels
+        if len(levels) * WINDOW_MS >= self.settings.caller_turn_ms:
+            self.caller_db = float(sorted(levels)[len(levels) // 2])
+        self._turn_levels = []
         self.state = PolicyState.IDLE
         self._run = 0
         self._quiet = 0

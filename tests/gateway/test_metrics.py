@@ -5,17 +5,21 @@ from __future__ import annotations
 import asyncio
 import base64
 
+from collections.abc import Callable
+
 import aiohttp
 from aiohttp.test_utils import TestServer
+from prometheus_client import generate_latest
 
 from bus import CallInfo, EmbeddedBus
 from gateway.client import play_call
-from gateway.server import GatewaySettings, build_app
+from gateway.server import GATEWAY_KEY, GatewaySettings, build_app
 from tests import recordings_index as rec
 from vad import VadEngine
 
 
-async def _worker(ready: asyncio.Event, interrupted: asyncio.Event) -> None:
+async def _worker(ready: asyncio.Event, interrupted: asyncio.Event,
+                  on_interrupt: Callable[[], None] = lambda: None) -> None:
     async with EmbeddedBus() as bus:
         ready.set()
         async for call in bus.claim_calls("w"):
@@ -29,6 +33,7 @@ async def _worker(ready: asyncio.Event, interrupted: asyncio.Event) -> None:
                                                    "payload": audio})
                     await bus.send(call.call_sid, {"type": "utterance_end", "utterance_id": "u"})
                 elif kind == "interrupt":
+                    on_interrupt()
                     interrupted.set()
                 await bus.ack(call.call_sid, m.id)
                 if kind == "call_ended":
@@ -45,16 +50,23 @@ def _value(text: str, name: str) -> float:
 async def test_metrics_count_the_barge_in() -> None:
     app = build_app(GatewaySettings(validate_signatures=False), bus=EmbeddedBus(),
                     vad=VadEngine())
+    registry = app[GATEWAY_KEY].metrics.registry
+    snapshots: list[str] = []
     async with TestServer(app) as srv, aiohttp.ClientSession() as http:
         ready, interrupted = asyncio.Event(), asyncio.Event()
-        worker = asyncio.create_task(_worker(ready, interrupted))
+        # The figures as the worker handles the interrupt: the call is live then, however
+        # fast the rest of the recording is played (a GET after it raced the call's end).
+        worker = asyncio.create_task(_worker(
+            ready, interrupted, lambda: snapshots.append(generate_latest(registry).decode())))
         await ready.wait()
         call = asyncio.create_task(play_call(rec.source("barge_in_timit"),
                                              str(srv.make_url("/twilio/media")), speed=8.0))
         await asyncio.wait_for(interrupted.wait(), 30)
-        during = await (await http.get(srv.make_url("/metrics"))).text()
+        served = await (await http.get(srv.make_url("/metrics"))).text()
         await asyncio.wait_for(call, 30)
         await asyncio.wait_for(worker, 10)
+    (during,) = snapshots
+    assert _value(served, "callgate_calls_total") == 1  # GET /metrics serves the same registry
     assert _value(during, "callgate_active_calls") == 1
     assert _value(during, 'callgate_barge_ins_total{reason="speech"}') == 1
     assert _value(during, "callgate_clears_total") >= 1

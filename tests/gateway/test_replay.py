@@ -91,3 +91,61 @@ def test_non_interruptible_is_never_cut(
         for i, turn in enumerate(labels["bot_turns"]):
             if turn["end_ms"] + 40 <= labels["duration_ms"]:
                 assert f"turn-{i}" in finished, (n, i)
+
+
+def _strong_echo_call(tmp_path: Any, *, delay_ms: int, erl_db: float) -> tuple[Any, Any]:
+    """An echo-only call: the bot's voice of a dev recording coming back at ``erl_db`` of echo
+    return loss (6-9 dB: a loud handset) and ``delay_ms``, from the bot's first word, under
+    -50 dBFS of line noise. Nobody talks: every pause is a false stop."""
+    import json
+
+    import numpy as np
+
+    from gateway.audio import (
+        float32_to_pcm16,
+        pcm16_to_ulaw,
+        read_wav_ulaw,
+        ulaw_to_float32,
+        write_wav_ulaw,
+    )
+
+    labels = json.loads((rec.RECORDINGS / "long_turn_librivox.json").read_text())
+    bot_wav = rec.RECORDINGS / labels["bot_wav"]
+    bot = ulaw_to_float32(read_wav_ulaw(bot_wav)).astype(np.float64)
+    d = delay_ms * 8
+    echo = np.concatenate([np.zeros(d), bot])[: len(bot)] * 10 ** (-erl_db / 20)
+    line = echo + np.random.default_rng(7).normal(0, 10 ** (-50 / 20), len(bot))
+    wav = tmp_path / "strong_echo.wav"
+    write_wav_ulaw(wav, pcm16_to_ulaw(float32_to_pcm16(np.clip(line, -1, 1).astype(np.float32))))
+    script = dict(labels, bot_wav=str(bot_wav))
+    return wav, script
+
+
+_KNOWN_LIMIT = pytest.mark.xfail(strict=True, reason=(
+    "docs/bargein.md known limits: at 450 ms and 8 dB the echo stands 13-17 dB over the "
+    "gate's pre-lock prediction, and 1.6 s in AEC3's residual scores 0.6-0.8"))
+
+
+@pytest.mark.parametrize(("delay_ms", "erl_db"), [
+    (150, 7.0),
+    (300, 9.0),
+    pytest.param(450, 8.0, marks=_KNOWN_LIMIT),
+])
+async def test_strong_echo_from_the_first_word_never_stops_the_bot(
+        tmp_path: Any, delay_ms: int, erl_db: float) -> None:
+    """With AEC3 in front and the fitted echo veto (the defaults), a loud echo from the bot's
+    first word stops nothing; the echo gate alone (``echo_canceller: off``, the decision before
+    issue #12) pauses the bot on it, which shows the case is hard."""
+    from gateway.call import CallSettings
+    from gateway.replay import load_bot_script, replay
+    from vad import AecMode
+
+    wav, script = _strong_echo_call(tmp_path, delay_ms=delay_ms, erl_db=erl_db)
+    paused = {}
+    for mode in (AecMode.AEC3, AecMode.OFF):
+        timeline, _ = await replay(wav, bot_script=load_bot_script(script),
+                                   settings=CallSettings(echo_canceller=mode))
+        paused[mode] = [e["t_ms"] for e in timeline.events
+                        if e["type"] == "bot_utterance_paused"]
+    assert paused[AecMode.AEC3] == []
+    assert paused[AecMode.OFF]

@@ -56,7 +56,8 @@ async def test_a_stuck_socket_does_not_stall_other_calls(
             replay(rec.source(n), bot_script=_script(n, False), vad=engine) for n in names
         ]), 120)
         assert not stuck.done()  # still hanging in its send the whole time
-        assert engine.stats.open_streams == 1  # ... with its VAD stream open
+        # ... with its VAD streams open (the raw one and, AEC3 in front, the echo-cancelled one)
+        assert engine.stats.open_streams == 2
         stuck.cancel()
         await asyncio.gather(stuck, return_exceptions=True)
     for name, (timeline, _) in zip(names, others, strict=True):

@@ -62,3 +62,137 @@ def test_band_floor_tracks_noise_and_holds_while_the_caller_talks() -> None:
     assert min(r.band_snr_db for r in held) > 10.0  # the floor did not move towards the voice
     learnt = [bank.process(row, window(True), np.array([True]))[0] for _ in range(200)]
     assert learnt[-1].band_snr_db < 3.0  # left to adapt, it takes a steady tone for the floor
+
+
+# -- the echo veto (an echo canceller in front: Silero's probability on the cancelled window) ---
+# A window the raw reading takes for the caller: Silero sure, the gate open, 8 dB over the
+# gate's predicted echo, the echo path locked (but maybe wrong: a path that just changed).
+RAW_CALLER = GateReading(level_db=-26.0, echo_db=-34.0, noise_db=-60.0, echo_locked=True,
+                         passes=True)
+
+
+def test_echo_veto_holds_what_the_canceller_removed() -> None:
+    policy = BargeInPolicy()
+    assert policy.is_caller(0.98, RAW_CALLER, VOICED)  # no canceller: the caller
+    assert not policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.02)  # it was echo
+    assert policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.9)  # still speech: caller
+    for _ in range(10):  # echo-only windows never start speech nor pause the bot
+        assert policy.step(0.98, RAW_CALLER, VOICED, BotState.INTERRUPTIBLE,
+                           clean_prob=0.02) == []
+
+
+@pytest.mark.parametrize("gate", [
+    replace(RAW_CALLER, echo_free=True),  # no echo on this line: AEC3 holds down the caller
+    replace(RAW_CALLER, level_db=-18.0),  # 16 dB over even the predicted echo
+])
+def test_echo_veto_stands_aside_where_the_gate_knows(gate: GateReading) -> None:
+    assert BargeInPolicy().is_caller(0.98, gate, VOICED, clean_prob=0.02)
+
+
+def test_echo_veto_on_locked_lines_is_a_setting() -> None:
+    from vad import BargeInSettings
+    policy = BargeInPolicy(BargeInSettings(clean_veto_locked=False))
+    assert policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.02)
+    assert not policy.is_caller(0.98, replace(RAW_CALLER, echo_locked=False), VOICED,
+                                clean_prob=0.02)
+
+
+def test_a_key_tone_never_opens_a_caller_turn() -> None:
+    """Silero calls a DTMF tone speech (p ~1) and it passes the gate; it still opens no turn,
+    stops no bot, and a burst of keys between words does not keep a turn open."""
+    tone = WindowFeatures(voicing=0.9, dtmf=0.9)
+    loud = GateReading(level_db=-15.0, echo_db=-100.0, noise_db=-30.0, echo_locked=False,
+                       passes=True)
+    policy = BargeInPolicy()
+    for _ in range(20):
+        assert policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE) == []
+    assert policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE) == []
+    assert policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+    out = [d for _ in range(5) for d in policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE)]
+    assert Decision.RESUME in out and Decision.SPEECH_STOPPED in out  # tones end the turn
+
+
+# -- the state machine: pause, commit, resume, suppressed, and keys ---------------------------
+CALLER = GateReading(level_db=-20.0, echo_db=-100.0, noise_db=-35.0, echo_locked=False,
+                     passes=True)
+SILENCE = GateReading(level_db=-60.0, echo_db=-100.0, noise_db=-60.0, echo_locked=False,
+                      passes=False)
+NOTHING = WindowFeatures(voicing=0.1, dtmf=0.0)
+
+
+def _talk(policy: BargeInPolicy, windows: int, bot: BotState) -> list[Decision]:
+    return [d for _ in range(windows) for d in policy.step(0.95, CALLER, VOICED, bot)]
+
+
+def _quiet(policy: BargeInPolicy, windows: int, bot: BotState) -> list[Decision]:
+    return [d for _ in range(windows) for d in policy.step(0.01, SILENCE, NOTHING, bot)]
+
+
+def test_steps_pause_then_commit() -> None:
+    from vad import PolicyState
+    policy = BargeInPolicy()
+    assert _talk(policy, 2, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert policy.state is PolicyState.PAUSED
+    # 640 ms of speech in all (20 windows) commits; the two that paused count.
+    assert _talk(policy, 17, BotState.SILENT) == []
+    assert _talk(policy, 1, BotState.SILENT) == [Decision.COMMIT]
+    assert policy.state is PolicyState.INTERRUPTED
+    assert _quiet(policy, 5, BotState.SILENT) == [Decision.SPEECH_STOPPED]
+    assert policy.state is PolicyState.IDLE
+
+
+def test_steps_pause_then_resume_on_a_backchannel() -> None:
+    from vad import PolicyState
+    policy = BargeInPolicy()
+    assert _talk(policy, 6, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert _quiet(policy, 4, BotState.SILENT) == []
+    assert _quiet(policy, 1, BotState.SILENT) == [Decision.RESUME, Decision.SPEECH_STOPPED]
+    assert policy.state is PolicyState.IDLE
+
+
+def test_steps_speech_over_a_non_interruptible_utterance_is_suppressed_once() -> None:
+    from vad import PolicyState
+    policy = BargeInPolicy()
+    assert _talk(policy, 2, BotState.NON_INTERRUPTIBLE) == [Decision.SPEECH_STARTED,
+                                                            Decision.SUPPRESSED]
+    assert policy.state is PolicyState.SPEAKING
+    assert _talk(policy, 30, BotState.NON_INTERRUPTIBLE) == []  # never paused, told once
+    assert _quiet(policy, 5, BotState.NON_INTERRUPTIBLE) == [Decision.SPEECH_STOPPED]
+
+
+def test_a_key_stops_an_interruptible_prompt_with_its_own_decision() -> None:
+    from vad import PolicyState
+    policy = BargeInPolicy()
+    assert policy.on_dtmf(BotState.INTERRUPTIBLE, paused=False) == [Decision.DTMF_INTERRUPT]
+    assert policy.on_dtmf(BotState.NON_INTERRUPTIBLE, paused=False) == []
+    assert policy.on_dtmf(BotState.SILENT, paused=False) == []
+    # A key while paused for speech ends the pause: the caller has taken the turn.
+    _talk(policy, 2, BotState.INTERRUPTIBLE)
+    assert policy.on_dtmf(BotState.SILENT, paused=True) == [Decision.DTMF_INTERRUPT]
+    assert policy.state is PolicyState.INTERRUPTED
+    off = BargeInPolicy(replace(policy.settings, dtmf_interrupts=False))
+    assert off.on_dtmf(BotState.INTERRUPTIBLE, paused=False) == []
+
+
+def test_a_voice_15_db_under_the_callers_own_is_not_them() -> None:
+    """With caller_margin_db, a real turn teaches the caller's level; a TV 15 dB under it then
+    starts nothing, the caller at their own level still does. A backchannel teaches nothing."""
+    from vad import BargeInSettings
+    policy = BargeInPolicy(BargeInSettings(caller_margin_db=12.0))
+    tv = replace(CALLER, level_db=-35.0)  # 15 dB under the caller's -20 dBFS
+    assert _talk(policy, 3, BotState.SILENT)[:1] == [Decision.SPEECH_STARTED]
+    _quiet(policy, 5, BotState.SILENT)
+    assert policy.caller_db is None  # 96 ms: a backchannel, not a turn
+    _talk(policy, 25, BotState.SILENT)
+    _quiet(policy, 5, BotState.SILENT)
+    assert policy.caller_db == -20.0
+    assert [d for _ in range(10)
+            for d in policy.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE)] == []
+    assert _talk(policy, 2, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    off = BargeInPolicy()  # the default: off
+    _talk(off, 25, BotState.SILENT)
+    _quiet(off, 5, BotState.SILENT)
+    assert off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE) == []
+    assert off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED,
+                                                                   Decision.PAUSE]

@@ -1,0 +1,73 @@
+"""Named grids of conditions: ``small`` (one axis at a time around a base line, plus the hard
+cases the issue lists) and ``full`` (the cross product of the axes).
+
+A condition's name is its full spec (``erl20-d150-none-none-quiet-barge_in``), so a grid point
+is named by what it simulates and ``--condition NAME`` can ask for any point, on a grid or not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import get_args
+
+from ._call import Background, Behaviour, Change, Condition
+from ._echo import Nonlinearity
+
+__all__ = ["GRIDS", "full_grid", "grid", "small_grid"]
+
+BASE = Condition(erl_db=20.0, delay_ms=150.0)
+
+
+def small_grid() -> list[Condition]:
+    """23 points: the base line (with a caller and echo-only), each echo axis alone (on echo-only calls and on barge-ins),
+    each background, each caller behaviour, and a few worst cases together."""
+    c = Condition
+    points = [
+        BASE,
+        c(erl_db=20, delay_ms=150, behaviour="echo_only"),
+        c(erl_db=6, delay_ms=150),
+        c(erl_db=6, delay_ms=150, behaviour="echo_only"),
+        c(erl_db=12, delay_ms=450),
+        c(erl_db=12, delay_ms=450, behaviour="echo_only"),
+        c(erl_db=35, delay_ms=0, behaviour="echo_only"),
+        c(erl_db=20, delay_ms=150, change="level", behaviour="echo_only"),
+        c(erl_db=20, delay_ms=150, change="delay", behaviour="echo_only"),
+        c(erl_db=9, delay_ms=150, nonlinearity="tanh", behaviour="echo_only"),
+        c(erl_db=9, delay_ms=150, nonlinearity="clip"),
+        c(erl_db=20, delay_ms=150, background="room_loud", behaviour="echo_only"),
+        c(erl_db=20, delay_ms=150, background="babble"),
+        c(erl_db=20, delay_ms=150, background="tv", behaviour="echo_only"),
+        c(erl_db=20, delay_ms=150, background="music", behaviour="echo_only"),
+        c(erl_db=20, delay_ms=150, background="transients", behaviour="echo_only"),
+        c(erl_db=12, delay_ms=150, background="dtmf", behaviour="echo_only"),
+        c(erl_db=12, delay_ms=150, behaviour="early"),
+        c(erl_db=20, delay_ms=150, behaviour="second_turn"),
+        c(erl_db=20, delay_ms=150, behaviour="short_word"),
+        c(erl_db=20, delay_ms=150, behaviour="quiet_caller"),
+        c(erl_db=20, delay_ms=150, behaviour="backchannel"),
+        c(erl_db=6, delay_ms=450, change="level", nonlinearity="tanh", background="room_loud",
+          behaviour="early"),
+    ]
+    return points
+
+
+ERLS = (6.0, 12.0, 20.0, 35.0)
+DELAYS = (0.0, 150.0, 450.0)
+
+
+def full_grid() -> list[Condition]:
+    """Every combination of ERL (6, 12, 20, 35 dB), delay (0, 150, 450 ms), path change,
+    nonlinearity, background and behaviour: 4 x 3 x 3 x 3 x 7 x 7 = 5292 points."""
+    return [Condition(erl, d, ch, nl, bg, bh) for erl, d, ch, nl, bg, bh in itertools.product(
+        ERLS, DELAYS, get_args(Change), get_args(Nonlinearity), get_args(Background),
+        get_args(Behaviour))]
+
+
+GRIDS = {"small": small_grid, "full": full_grid}
+
+
+def grid(name: str) -> list[Condition]:
+    try:
+        return GRIDS[name]()
+    except KeyError:
+        raise ValueError(f"unknown grid {name!r} (choose from {', '.join(GRIDS)})") from None
