@@ -1,7 +1,8 @@
 """The bus between gateways and session workers (see ``bus._base``).
 
 ``make_bus(url)`` picks the implementation from configuration: nothing or ``"embedded"`` gives
-the in-process :class:`EmbeddedBus`; a ``redis://`` or ``rediss://`` URL gives :class:`RedisBus`.
+the in-process :class:`EmbeddedBus`; a ``redis://`` or ``rediss://`` URL gives :class:`RedisBus`
+on one server, ``redis+cluster://host:port,host:port`` (or ``rediss+cluster://``) on a Redis Cluster.
 """
 
 import typing as _typing
@@ -46,7 +47,8 @@ def make_bus(url: str | None, **options: _typing.Any) -> Bus:
 
     Args:
         url: None, "" or "embedded" for the in-process bus; ``redis://...`` or
-            ``rediss://...`` for Redis Streams.
+            ``rediss://...`` for Redis Streams on one server; ``redis+cluster://h:p,h:p,...``
+            (``rediss+cluster://``) on a Redis Cluster.
         **options: keyword options of the chosen class (e.g. ``prefix=`` for RedisBus).
 
     Raises:
@@ -54,6 +56,9 @@ def make_bus(url: str | None, **options: _typing.Any) -> Bus:
     """
     if url is None or url.strip() in ("", "embedded"):
         return EmbeddedBus(**options)
-    if url.startswith(("redis://", "rediss://")):
+    if url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
         return RedisBus(url, **options)
-    raise ValueError(f"unknown bus URL {url!r}: use 'embedded' or a redis:// or rediss:// URL")
+    raise ValueError(
+        f"unknown bus URL {url!r}: use 'embedded', a redis:// or rediss:// URL, "
+        "or redis+cluster://host:port,host:port for a Redis Cluster"
+    )

@@ -54,10 +54,16 @@ its keys to expire in ``dead_call_ttl_s``. Its agent takes the usual ``call_ende
 lease ends with the tombstone. Worst case from kill to ``call_ended``: gateway_ttl + grace +
 heartbeat (5.5 s with the defaults).
 
-Redis Cluster. The keys are laid out for it, but RedisBus talks to one Redis (standalone, or a
-Sentinel-managed primary): it batches across calls (a shard's XREAD names many calls'
-streams; one Lua script renews up to 256 leases), which a Cluster client would have to split
-by hash slot. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
+Redis Cluster (``redis+cluster://host:port,host:port``). A multi-key command (a shard's XREAD
+over many calls, a script renewing many leases) must stay in one hash slot, and one slot per
+call would mean one blocking connection per call. So on a Cluster a call's keys carry the tag
+of its slot group, ``cg:{g<n>}:CA..:up`` (n = crc32(sid) mod ``slot_groups``): every script
+still touches one slot, a reader shard watches the calls of one group (its wake stream in the
+same slot) over a connection to that slot's primary, and renewals are batched per group, all
+groups in one pipeline. The calls registry is split over ``calls_shards`` streams
+``cg:calls:{c<k>}``, each read by a pump task of every claim loop. A failover (redirections,
+CLUSTERDOWN, UNBLOCKED on a blocked read) is handled as an outage: back off, re-resolve the
+slot's primary, resync. Redis >= 7.0 (EXPIRE NX, XAUTOCLAIM's deleted-ids reply).
 
 Reading many calls. Each bus runs one uplink reader per worker id and one downlink reader. A
 reader spreads its calls over shards of ``streams_per_read`` (64) streams; a shard is a task
@@ -91,15 +97,20 @@ import socket
 import time
 import uuid
 import warnings
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from urllib.parse import unquote, urlsplit
+
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import AskError, ClusterDownError, MasterDownError, MovedError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
@@ -119,11 +130,30 @@ T = TypeVar("T")
 
 GROUP = "workers"
 TOMBSTONE = "!closed"
+# A Redis Cluster mid-failover answers with redirections and "down" errors: for the bus they are
+# an outage like a lost connection (back off, retry the same batch, re-resolve the node).
+_CLUSTER_ERRORS: tuple[type[BaseException], ...] = (
+    ClusterDownError,
+    TryAgainError,
+    MasterDownError,
+    SlotNotCoveredError,
+    MovedError,
+    AskError,
+    ReadOnlyError,
+)
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
+    *_CLUSTER_ERRORS,
 )
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def _is_reroute(exc: BaseException) -> bool:
+    """A reply that says the key's node changed: a redirection, or a blocked read that a
+    failover released (``UNBLOCKED``, sent when a primary turns replica)."""
+    return isinstance(exc, _CLUSTER_ERRORS) or _err_code(exc) in ("UNBLOCKED", "LOADING")
 
 # Fencing. A call's lease is two keys: ``owner`` (the worker id, PX lease) and ``fence`` (a
 # counter INCRed by every new owner: the fencing token). A worker keeps the token it took the call
@@ -362,7 +392,9 @@ class RedisBus(Bus):
     """Redis Streams implementation of :class:`~bus.Bus` (redis-py asyncio).
 
     Args:
-        url: ``redis://`` or ``rediss://`` URL of one Redis (a primary).
+        url: ``redis://`` or ``rediss://`` URL of one Redis (a primary), or
+            ``redis+cluster://host:port,host:port,...`` (``rediss+cluster://`` for TLS) naming
+            some nodes of a Redis Cluster (the client discovers the rest).
         prefix: first part of every key, to share one Redis between deployments or tests.
         bus_id: this instance's name (eid prefix, wake keys); random by default.
         stream_maxlen: approximate cap of each uplink/downlink stream (XADD MAXLEN ~).
@@ -392,6 +424,14 @@ class RedisBus(Bus):
             a live gateway re-setting its key after Redis came back (reconnect backoff, at most
             ``backoff_cap_s``, plus one beat).
         dead_call_ttl_s: TTL of the keys of a call ended because its gateway died.
+        slot_groups: Redis Cluster only: the hash tags calls are spread over. A call's keys
+            share the tag ``{g<n>}`` (n from the call sid), so one blocking read can watch every
+            call of a group (a multi-key command must stay in one slot): a reader holds at most
+            one connection per group it has calls in, rather than one per call. More groups
+            spread calls more evenly over the primaries, for more reading connections.
+        calls_shards: how many streams the calls registry is split over (``<prefix>:calls``
+            when 1; ``<prefix>:calls:{c<k>}`` otherwise, a call's entries always in one). Default
+            1 on one server, 8 on a Cluster, so that no single key (one primary) carries every call.
     """
 
     def __init__(
@@ -423,6 +463,8 @@ class RedisBus(Bus):
         gateway_ttl_s: float | None = None,
         gateway_grace_s: float = 3.0,
         dead_call_ttl_s: float = 10.0,
+        slot_groups: int = 64,
+        calls_shards: int | None = None,
     ) -> None:
         super().__init__(bus_id=bus_id)
         check_name(prefix, "prefix")
@@ -430,6 +472,20 @@ class RedisBus(Bus):
             raise ValueError("worker_ttl_s must exceed heartbeat_interval_s")
         self._url = url
         self._prefix = prefix
+        self._cluster = url.startswith(CLUSTER_SCHEMES)
+        self._nodes: list[tuple[str, int]] = []
+        self._auth: dict[str, Any] = {}
+        if self._cluster:
+            self._nodes, self._auth = _parse_cluster_url(url)
+        if slot_groups < 1:
+            raise ValueError("slot_groups must be at least 1")
+        self._slot_groups = int(slot_groups)
+        shards = (8 if self._cluster else 1) if calls_shards is None else int(calls_shards)
+        if shards < 1:
+            raise ValueError("calls_shards must be at least 1")
+        self._calls_keys = (
+            [f"{prefix}:calls"] if shards == 1 else [f"{prefix}:calls:{{c{k}}}" for k in range(shards)]
+        )
         self._stream_maxlen = int(stream_maxlen)
         self._calls_maxlen = int(calls_maxlen)
         self._call_ttl = max(1, int(call_ttl_s))
@@ -469,7 +525,8 @@ class RedisBus(Bus):
         self._state = _State.NEW
         self._buf = OutboundBuffer(buffer_max)
         self._outage = _Outage(self)
-        self._redis: Redis | None = None
+        self._redis: Any = None  # Redis, or RedisCluster
+        self._topology: Any = None  # a Cluster: the client that finds each slot's primary
         self._closing: asyncio.Future[None] | None = None
         self._wake_writer: asyncio.Event | None = None
         self._flush_waiters: list[asyncio.Future[None]] = []
@@ -499,25 +556,48 @@ class RedisBus(Bus):
                 "calls_owned": len(self._owned)}
 
     # -- keys -----------------------------------------------------------------------------
+    def _group(self, call_sid: str) -> int | None:
+        """The call's slot group on a Cluster (see ``slot_groups``); None on one server."""
+        if not self._cluster:
+            return None
+        return zlib.crc32(call_sid.encode()) % self._slot_groups
+
     def _key(self, call_sid: str, part: str) -> str:
+        if self._cluster:
+            return f"{self._prefix}:{{g{self._group(call_sid)}}}:{call_sid}:{part}"
         return f"{self._prefix}:{{{call_sid}}}:{part}"
 
-    @property
-    def _calls_key(self) -> str:
-        return f"{self._prefix}:calls"
+    def _calls_key_for(self, call_sid: str) -> str:
+        """The registry shard that holds every entry announcing ``call_sid``."""
+        keys = self._calls_keys
+        if len(keys) == 1:
+            return keys[0]
+        return keys[zlib.crc32(b"calls:" + call_sid.encode()) % len(keys)]
 
     def _worker_key(self, worker_id: str) -> str:
         return f"{self._prefix}:worker:{worker_id}"
 
-    def _wake_key(self, role: str) -> str:
+    def _wake_key(self, role: str, group: int | None = None) -> str:
+        if group is not None:  # in the slot of the calls its reader watches
+            return f"{self._prefix}:{{g{group}}}:wake:{self.bus_id}:{role}"
         return f"{self._prefix}:wake:{self.bus_id}:{role}"
 
     def _gateway_key(self, incarnation: str) -> str:
         return f"{self._prefix}:gateway:{incarnation}"
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _client(self, *, blocking: bool = False) -> Redis:
+    def _client(self, *, blocking: bool = False) -> Any:
         timeout = self._socket_timeout + (self._block_ms / 1000 if blocking else 0.0)
+        if self._cluster:
+            return RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in self._nodes],
+                retry=Retry(NoBackoff(), 1),  # one retry after a MOVED/refresh; the bus backs off itself
+                socket_timeout=timeout,
+                socket_connect_timeout=self._connect_timeout,
+                client_name=f"callgate-bus-{self.bus_id}",
+                driver_info=None,
+                **self._auth,
+            )
         client: Redis = Redis.from_url(
             self._url,
             retry=Retry(NoBackoff(), 0),  # the bus retries itself, with its own backoff
@@ -528,6 +608,32 @@ class RedisBus(Bus):
             driver_info=None,  # skip CLIENT SETINFO on every (re)connect
         )
         return client
+
+    async def _node_client(self, key: str, *, refresh: bool) -> Redis:
+        """A Cluster only: a one-connection client to the primary that serves ``key``'s slot,
+        for a reader's blocking reads (a Cluster client cannot lend a raw connection).
+        ``refresh``: re-read the topology first (after a failure: a failover moved the slot).
+        Lookups go through a client of their own: re-reading the topology of the client the
+        writer uses would swap its nodes under its in-flight pipeline."""
+        if self._topology is None:
+            self._topology = self._client()
+        cluster = self._topology
+        if refresh:
+            await cluster.nodes_manager.initialize()
+        else:
+            await cluster.initialize()
+        node = cluster.get_node_from_key(key)
+        return Redis(
+            host=node.host,
+            port=node.port,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=self._socket_timeout + self._block_ms / 1000,
+            socket_connect_timeout=self._connect_timeout,
+            single_connection_client=True,
+            client_name=f"callgate-bus-{self.bus_id}",
+            driver_info=None,
+            **self._auth,
+        )
 
     async def start(self) -> None:
         if self._state is _State.OPEN:
@@ -638,6 +744,8 @@ class RedisBus(Bus):
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await self._redis.delete(*wakes)
         await self._redis.aclose()
+        if self._topology is not None:
+            await self._topology.aclose()
 
     async def _hand_back_calls(self) -> None:
         """Give the calls this bus still owns to the pool at once (no waiting for the lease)."""
@@ -649,7 +757,7 @@ class RedisBus(Bus):
             if owned.entries():
                 # Mark the entries long idle so the next claim scan anywhere takes them.
                 pipe.xclaim(
-                    self._calls_key, GROUP, owned.worker_id, 0, owned.entries(),
+                    self._calls_key_for(owned.call_sid), GROUP, owned.worker_id, 0, owned.entries(),
                     idle=self._handed_back_idle_ms, justid=True,
                 )  # fmt: skip
         try:
@@ -688,12 +796,14 @@ class RedisBus(Bus):
                 continue
             pipe = redis.pipeline(transaction=False)
             loading = not self._scripts_ready
-            if loading:
+            if loading and not self._cluster:
                 pipe.execute_command("SCRIPT", "LOAD", _FENCED)
             for op in batch:
                 for command in op.commands:
                     pipe.execute_command(*command)
             try:
+                if loading and self._cluster:
+                    await redis.script_load(_FENCED)  # a Cluster client sends it to every primary
                 results = await pipe.execute(raise_on_error=False)
             except _CONNECTION_ERRORS as exc:
                 self._buf.requeue()
@@ -706,7 +816,8 @@ class RedisBus(Bus):
                 self._buf.requeue()
                 raise
             if loading:
-                results = results[1:]
+                if not self._cluster:
+                    results = results[1:]
                 self._scripts_ready = True
             if any(isinstance(r, NoScriptError) for r in results):
                 # The server forgot the script (SCRIPT FLUSH, or a restart between two batches):
@@ -842,7 +953,7 @@ class RedisBus(Bus):
                 ("EXPIRE", up, self._max_call, "NX"),
                 ("EXPIRE", down, self._max_call, "NX"),
                 ("EXPIRE", ctx, self._max_call, "NX"),
-                ("XADD", self._calls_key, "MAXLEN", "~", self._calls_maxlen, "*", "call", info,
+                ("XADD", self._calls_key_for(sid), "MAXLEN", "~", self._calls_maxlen, "*", "call", info,
                  "gw", self.incarnation),
             ])
         )  # fmt: skip
@@ -934,7 +1045,7 @@ class RedisBus(Bus):
         reader = self._down_reader
         key = self._key(call_sid, "down").encode()
         sub = _Sub()
-        await reader.add(key, sub)
+        await reader.add(key, sub, self._group(call_sid))
         seen = SeenWindow()
         try:
             while True:
@@ -979,12 +1090,25 @@ class RedisBus(Bus):
         check_name(worker_id, "worker_id")
         redis = await self._open()
         self._register_worker(worker_id)
-        client = self._client(blocking=True)
-        calls = self._calls_key
+        shards = self._calls_keys
+        # One server: one blocking XREADGROUP over every registry shard. A Cluster: a multi-key
+        # read must stay in one slot, so one pump task per shard reads it into ``inbox`` (bounded:
+        # a loop whose caller is busy reads ahead at most a few entries per shard).
+        client = None if self._cluster else self._client(blocking=True)
+        # A Cluster: the pumps block on a client of their own. Sharing the writer's, its pipelines
+        # waited behind the blocked reads: a worker's saves lagged 50+ events behind its handler
+        # (SIGKILL test, 100 events/s), 6-7 with their own client.
+        pump_client = self._client(blocking=True) if self._cluster else None
+        inbox: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue(maxsize=self._claim_batch)
+        pumps: list[asyncio.Task[None]] = []
         taken: list[CallInfo] = []  # owned by us, not yet handed to the caller
-        unread: list[tuple[str, Any]] = []  # entries delivered to us, not yet considered
+        unread: list[tuple[str, str, Any]] = []  # (shard, id, fields) delivered to us, not yet considered
         try:
-            await self._until_ok(lambda: self._create_groups(redis, [calls]))
+            await self._until_ok(lambda: self._create_groups(redis, shards))
+            if self._cluster:
+                pumps = [self._spawn(self._pump_calls(pump_client, shard, worker_id, inbox), f"claim-{worker_id}-{shard}")
+                         for shard in shards]  # fmt: skip
+            scanning = 0  # the shard the orphan scan is in
             cursor = "0-0"
             next_scan = 0.0
             next_trim = time.monotonic() + self._trim_interval
@@ -996,83 +1120,134 @@ class RedisBus(Bus):
                     yield taken.pop(0)
                 try:
                     if unread:
-                        entry_id, fields = unread[0]
-                        info = await self._until_closed(self._consider(entry_id, fields, worker_id, orphan=False))
+                        shard, entry_id, fields = unread[0]
+                        info = await self._until_closed(
+                            self._consider(shard, entry_id, fields, worker_id, orphan=False)
+                        )
                         unread.pop(0)
                         if info is not None:
                             taken.append(info)
                         continue
                     now = time.monotonic()
                     if now >= next_scan:
-                        cursor = await self._until_closed(self._scan_orphans(worker_id, cursor, taken))
+                        cursor = await self._until_closed(
+                            self._scan_orphans(worker_id, shards[scanning], cursor, taken)
+                        )
                         if cursor == "0-0":
-                            next_scan = now + self._claim_interval
+                            scanning = (scanning + 1) % len(shards)
+                            if scanning == 0:
+                                next_scan = now + self._claim_interval
                         continue
                     if now >= next_trim:
                         next_trim = now + self._trim_interval
                         await self._until_closed(self._trim_calls())
                     block = max(1, int((next_scan - now) * 1000))
+                    if client is None:
+                        try:
+                            unread.append(await self._until_closed(asyncio.wait_for(inbox.get(), block / 1000)))
+                        except asyncio.TimeoutError:
+                            continue
+                        while not inbox.empty():
+                            unread.append(inbox.get_nowait())
+                        continue
                     reply = await self._until_closed(
-                        client.xreadgroup(GROUP, worker_id, {calls: ">"}, count=self._claim_batch, block=block)
-                    )
+                        client.xreadgroup(GROUP, worker_id, dict.fromkeys(shards, ">"), count=self._claim_batch,
+                                          block=block)
+                    )  # fmt: skip
                     failures = 0
                     self._outage.ok()
-                    for _, entries in reply or []:
-                        unread.extend((_sid(entry_id), fields) for entry_id, fields in entries)
-                except ResponseError as exc:
-                    if _err_code(exc) != "NOGROUP":
-                        raise
-                    await self._until_ok(lambda: self._create_groups(redis, [calls]))
+                    for shard, entries in reply or []:
+                        unread.extend((_sid(shard), _sid(entry_id), fields) for entry_id, fields in entries)
                 except _CONNECTION_ERRORS as exc:
                     failures += 1
                     self._outage.lost(exc)
                     await self._sleep(self._backoff.compute(failures))
+                except ResponseError as exc:
+                    if _err_code(exc) != "NOGROUP":
+                        raise
+                    await self._until_ok(lambda: self._create_groups(redis, shards))
         finally:
-            await client.aclose()
-            self._give_back(taken, [entry_id for entry_id, _ in unread], worker_id)
+            for pump in pumps:
+                await _cancel(pump)
+            while not inbox.empty():
+                unread.append(inbox.get_nowait())
+            if client is not None:
+                await client.aclose()
+            if pump_client is not None:
+                await asyncio.shield(pump_client.aclose())
+            self._give_back(taken, [(shard, entry_id) for shard, entry_id, _ in unread], worker_id)
 
-    def _give_back(self, taken: list[CallInfo], unread: list[str], worker_id: str) -> None:
+    async def _pump_calls(
+        self, redis: Any, shard: str, worker_id: str, inbox: asyncio.Queue[tuple[str, str, Any]]
+    ) -> None:
+        """A Cluster's claim loop: read new entries of one registry shard into ``inbox``."""
+        failures = 0
+        # Blocks well inside the socket timeout; a read costs one round trip per second per shard.
+        block = max(1, min(self._block_ms, 1000))
+        while self._state is _State.OPEN:
+            try:
+                reply = await redis.xreadgroup(GROUP, worker_id, {shard: ">"}, count=self._claim_batch, block=block)
+            except (*_CONNECTION_ERRORS, ResponseError) as exc:
+                if isinstance(exc, ResponseError) and _err_code(exc) == "NOGROUP":
+                    with contextlib.suppress(*_CONNECTION_ERRORS):
+                        await self._create_groups(redis, [shard])
+                    continue
+                failures += 1
+                if isinstance(exc, _CONNECTION_ERRORS) or _is_reroute(exc):
+                    self._outage.lost(exc)  # a failover unblocks the read (UNBLOCKED): read again
+                else:
+                    # A dead pump would leave this shard's new calls to other workers: go on.
+                    log.error("bus %s: reading the calls registry %s failed: %s", self.bus_id, shard, exc)
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            failures = 0
+            self._outage.ok()
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    await inbox.put((shard, _sid(entry_id), fields))
+
+    def _give_back(self, taken: list[CallInfo], unread: list[tuple[str, str]], worker_id: str) -> None:
         """A claim loop stopped holding calls it took, or entries it read, that its caller never
         got: hand them to the pool at once (ordered behind our other writes). When the bus is
         closing, ``aclose`` hands back every call it owns instead."""
         if self._state is not _State.OPEN:
             return
-        entries = list(unread)
+        entries: dict[str, list[str]] = {}  # registry shard -> entry ids
+        for shard, entry_id in unread:
+            entries.setdefault(shard, []).append(entry_id)
         for info in taken:
             owned = self._owned.pop(info.call_sid, None)
             if owned is None:
                 continue
-            entries += owned.entries()
+            entries.setdefault(self._calls_key_for(info.call_sid), []).extend(owned.entries())
             self._enqueue(Op("give_back", info.call_sid,
                              [("EVAL", _RELEASE, 1, self._key(info.call_sid, "owner"), worker_id)]))  # fmt: skip
-        if entries:
-            self._enqueue(Op("give_back", "", [("XCLAIM", self._calls_key, GROUP, worker_id, 0,
-                                                *entries, "IDLE", self._handed_back_idle_ms,
-                                                "JUSTID")]))  # fmt: skip
+        for shard, ids in entries.items():
+            if ids:
+                self._enqueue(Op("give_back", "", [("XCLAIM", shard, GROUP, worker_id, 0, *ids,
+                                                    "IDLE", self._handed_back_idle_ms, "JUSTID")]))  # fmt: skip
 
-    async def _scan_orphans(self, worker_id: str, cursor: str, taken: list[CallInfo]) -> str:
-        """One XAUTOCLAIM page of idle call entries; calls taken go to ``taken``. Returns the
-        next cursor. Entries not considered when it fails stay in our PEL, found by a later
-        scan (ours or another worker's)."""
+    async def _scan_orphans(self, worker_id: str, shard: str, cursor: str, taken: list[CallInfo]) -> str:
+        """One XAUTOCLAIM page of idle call entries of one registry shard; calls taken go to
+        ``taken``. Returns the next cursor. Entries not considered when it fails stay in our
+        PEL, found by a later scan (ours or another worker's)."""
         assert self._redis is not None
-        reply = await self._redis.xautoclaim(
-            self._calls_key, GROUP, worker_id, self._claim_idle_ms, cursor, count=64
-        )
+        reply = await self._redis.xautoclaim(shard, GROUP, worker_id, self._claim_idle_ms, cursor, count=64)
         next_cursor, entries = _sid(reply[0]), reply[1]
         for entry_id, fields in entries:
-            info = await self._consider(_sid(entry_id), fields, worker_id, orphan=True)
+            info = await self._consider(shard, _sid(entry_id), fields, worker_id, orphan=True)
             if info is not None:
                 taken.append(info)
         return next_cursor
 
     async def _consider(
-        self, entry_id: str, fields: dict[bytes, bytes] | None, worker_id: str, *, orphan: bool
+        self, shard: str, entry_id: str, fields: dict[bytes, bytes] | None, worker_id: str, *, orphan: bool
     ) -> CallInfo | None:
-        """Try to take the call an entry of cg:calls announces."""
+        """Try to take the call an entry of the registry shard ``shard`` announces."""
         assert self._redis is not None
         raw = (fields or {}).get(b"call")
         if raw is None:
-            await self._redis.xack(self._calls_key, GROUP, entry_id)
+            await self._redis.xack(shard, GROUP, entry_id)
             return None
         info = CallInfo.from_dict(json.loads(raw))
         sid = info.call_sid
@@ -1085,7 +1260,7 @@ class RedisBus(Bus):
             if code <= 0:
                 self._drop_owned(mine, _LOST if code == 0 else None)
                 if code < 0:
-                    await self._redis.xack(self._calls_key, GROUP, entry_id)
+                    await self._redis.xack(shard, GROUP, entry_id)
                 return None
         if mine is not None:
             # A re-announcement of a call this bus holds: keep it pending, under its worker.
@@ -1093,7 +1268,7 @@ class RedisBus(Bus):
             if mine.announced == entry_id:
                 mine.announced = None
             if mine.worker_id != worker_id:
-                await self._redis.xclaim(self._calls_key, GROUP, mine.worker_id, 0, [entry_id], justid=True)
+                await self._redis.xclaim(shard, GROUP, mine.worker_id, 0, [entry_id], justid=True)
             return None
         code, owner, token = await self._acquire(sid, worker_id, orphan=orphan)
         if code in (1, 2):
@@ -1105,15 +1280,18 @@ class RedisBus(Bus):
                             "stopped renewing)", self.bus_id, worker_id, sid, token)  # fmt: skip
             return info
         if code < 0:  # ended (or expired): nothing to resume
-            await self._redis.xack(self._calls_key, GROUP, entry_id)
+            await self._redis.xack(shard, GROUP, entry_id)
         # code 0: a live worker owns it; the entry now idles in our PEL until its heartbeat
         # takes it back (XCLAIM), or until it dies and a scan finds it again.
         return None
 
     async def _trim_calls(self) -> None:
-        """Trim cg:calls below its oldest pending entry: older ones are acked (ended calls)."""
+        """Trim each registry shard below its oldest pending entry: older ones are acked."""
+        for shard in self._calls_keys:
+            await self._trim_shard(shard)
+
+    async def _trim_shard(self, calls: str) -> None:
         assert self._redis is not None
-        calls = self._calls_key
         pending = await self._redis.xpending(calls, GROUP)
         groups = await self._redis.xinfo_groups(calls)
         last = next((g["last-delivered-id"] for g in groups if _sid(g["name"]) == GROUP), None)
@@ -1167,7 +1345,7 @@ class RedisBus(Bus):
         key = up.encode()
         ended = False
         try:
-            await reader.add(key, sub)
+            await reader.add(key, sub, self._group(call_sid))
             for message_id, fields in history:
                 message = self._accept(call_sid, message_id, fields, seen, through, True)
                 if message is _END:
@@ -1261,7 +1439,7 @@ class RedisBus(Bus):
         owned = self._owned.pop(call_sid, None)
         self._up_seen.pop(call_sid, None)
         if owned is not None and owned.entries():
-            self._enqueue(Op("end_claim", call_sid, [("XACK", self._calls_key, GROUP, *owned.entries())]))
+            self._enqueue(Op("end_claim", call_sid, [("XACK", self._calls_key_for(call_sid), GROUP, *owned.entries())]))
 
     def _ack_op(self, call_sid: str, message_id: str) -> None:
         op = self._fenced("ack", call_sid, self._key(call_sid, "up"), "xack", message_id)
@@ -1344,20 +1522,38 @@ class RedisBus(Bus):
         # worker that was frozen learns here that it lost its calls before it touches their
         # registry entries below (which would move them back from their new owner).
         renewing = list(self._owned.values())
-        checked, renewed = [], []
+        checked: list[_Owned] = []
+        renewed: list[int] = []
+        jobs: list[tuple[list[_Owned], list[str], list[Any]]] = []  # (batch, keys, args)
         for worker_id in workers:
             mine = [o for o in renewing if o.worker_id == worker_id]
-            for at in range(0, len(mine), _RENEW_BATCH):
-                batch = mine[at : at + _RENEW_BATCH]
-                keys = [k for o in batch for k in (self._key(o.call_sid, "owner"), self._key(o.call_sid, "fence"))]
-                args = [worker_id, self._lease_ms, TOMBSTONE, self._max_call, *(o.token for o in batch)]
+            # One script may touch one slot only on a Cluster: there, a batch is one slot group.
+            by_group: dict[int | None, list[_Owned]] = {}
+            for o in mine:
+                by_group.setdefault(self._group(o.call_sid), []).append(o)
+            for group in by_group.values():
+                for at in range(0, len(group), _RENEW_BATCH):
+                    batch = group[at : at + _RENEW_BATCH]
+                    keys = [k for o in batch for k in (self._key(o.call_sid, "owner"), self._key(o.call_sid, "fence"))]
+                    args = [worker_id, self._lease_ms, TOMBSTONE, self._max_call, *(o.token for o in batch)]
+                    jobs.append((batch, keys, args))
+        if self._cluster:
+            # Up to one batch per slot group: one pipeline, sent to every primary at once (one
+            # script per round trip took 64 round trips per beat and let leases lapse).
+            replies = await self._renew_pipelined(redis, jobs)
+        else:
+            replies = []
+            for _, keys, args in jobs:
                 try:
-                    reply = await _run_script(redis, _RENEW, keys, args)
+                    replies.append(await _run_script(redis, _RENEW, keys, args))
                 except ResponseError as exc:
-                    log.error("bus %s: lease renewal failed: %s", self.bus_id, exc)
-                    continue
-                checked.extend(batch)
-                renewed.extend(int(code) for code in reply)
+                    replies.append(exc)
+        for (batch, _, _), reply in zip(jobs, replies, strict=True):
+            if isinstance(reply, ResponseError):
+                log.error("bus %s: lease renewal failed: %s", self.bus_id, reply)
+                continue
+            checked.extend(batch)
+            renewed.extend(int(code) for code in reply)
         owned: list[_Owned] = []
         lapsed: list[str] = []
         for o, result in zip(checked, renewed, strict=True):
@@ -1371,7 +1567,7 @@ class RedisBus(Bus):
                 self._drop_owned(o, None)  # closed: its uplink ends at the end marker
                 commands: list[tuple[Any, ...]] = [("EVAL", _ACK_MINE, 1, self._key(o.call_sid, "up"), o.worker_id)]
                 if o.entries():
-                    commands.append(("XACK", self._calls_key, GROUP, *o.entries()))
+                    commands.append(("XACK", self._calls_key_for(o.call_sid), GROUP, *o.entries()))
                 self._enqueue(Op("end_claim", o.call_sid, commands))
             else:
                 if result == 2:
@@ -1385,17 +1581,22 @@ class RedisBus(Bus):
             n = sum(1 for o in owned if o.worker_id == worker_id)
             info = json.dumps({"bus": self.bus_id, "host": self._host, "pid": os.getpid(), "calls": n})
             pipe.set(self._worker_key(worker_id), info, px=self._lease_ms)
-        touched: list[str] = []
+        touched: list[str] = []  # the registry shard of each XCLAIM
         for worker_id in workers:
-            ids = sorted(
-                {e for o in owned if o.worker_id == worker_id for e in (*o.entry_ids, o.announced) if e}
-            )
-            if ids:
-                touched.append(worker_id)
-                pipe.xclaim(self._calls_key, GROUP, worker_id, 0, ids, justid=True)
+            per_shard: dict[str, set[str]] = {}
+            for o in owned:
+                if o.worker_id == worker_id:
+                    per_shard.setdefault(self._calls_key_for(o.call_sid), set()).update(
+                        e for e in (*o.entry_ids, o.announced) if e
+                    )
+            for shard, ids in per_shard.items():
+                if ids:
+                    touched.append(shard)
+                    pipe.xclaim(shard, GROUP, worker_id, 0, sorted(ids), justid=True)
         waiting = [o for o in owned if o.announced]
-        if waiting:
-            pipe.xinfo_groups(self._calls_key)  # last-delivered-id: is a re-announcement read yet?
+        waiting_shards = sorted({self._calls_key_for(o.call_sid) for o in waiting})
+        for shard in waiting_shards:
+            pipe.xinfo_groups(shard)  # last-delivered-id: is a re-announcement read yet?
         gateways = sorted({o.gateway for o in owned if o.gateway})
         for gateway in gateways:
             pipe.exists(self._gateway_key(gateway))
@@ -1404,26 +1605,28 @@ class RedisBus(Bus):
         claimed = results[at : at + len(touched)]
         at += len(touched)
         undelivered: set[str | None] = set()
-        if waiting:
-            if isinstance(results[at], list):
-                last = next((g["last-delivered-id"] for g in results[at] if _sid(g["name"]) == GROUP), b"0-0")
+        for shard, groups in zip(waiting_shards, results[at : at + len(waiting_shards)], strict=True):
+            if isinstance(groups, list):
+                last = next((g["last-delivered-id"] for g in groups if _sid(g["name"]) == GROUP), b"0-0")
                 delivered = parse_stream_id(_sid(last))
-                undelivered = {o.announced for o in waiting if o.announced and parse_stream_id(o.announced) > delivered}
-            at += 1
+                undelivered |= {o.announced for o in waiting if o.announced and self._calls_key_for(o.call_sid) == shard
+                                and parse_stream_id(o.announced) > delivered}  # fmt: skip
+        at += len(waiting_shards)
         alive = dict(zip(gateways, results[at:], strict=True))
-        still_pending: set[str] = set()
-        for result in claimed:
+        still_pending: set[tuple[str, str]] = set()  # (shard, entry id)
+        for shard, result in zip(touched, claimed, strict=True):
             if isinstance(result, list):
-                still_pending.update(_sid(i) for i in result)
+                still_pending.update((shard, _sid(i)) for i in result)
             elif isinstance(result, ResponseError) and _err_code(result) == "NOGROUP":
-                await self._create_groups(redis, [self._calls_key])
+                await self._create_groups(redis, [shard])
         for o in owned:
             if self._owned.get(o.call_sid) is not o:
                 continue
-            if o.announced in still_pending:
+            shard = self._calls_key_for(o.call_sid)
+            if o.announced and (shard, o.announced) in still_pending:
                 o.entry_ids.add(o.announced)
                 o.announced = None
-            o.entry_ids &= still_pending
+            o.entry_ids = {e for e in o.entry_ids if (shard, e) in still_pending}
             if not o.entry_ids and o.info is not None and o.announced not in undelivered:
                 # Our registry entry vanished (trimmed, or Redis lost its data): without it
                 # nobody would find the call if we died. The new entry waits, undelivered,
@@ -1431,6 +1634,22 @@ class RedisBus(Bus):
                 # over. Calls taken with uplink() alone, never claimed, are not registered.
                 await self._announce(redis, o)
         self._watch_gateways(owned, alive)
+
+    async def _renew_pipelined(self, redis: Any, jobs: list[tuple[list[_Owned], list[str], list[Any]]]) -> list[Any]:
+        """The _RENEW script for every job in one (Cluster) pipeline; a reply or a ResponseError
+        per job. Connection and failover errors propagate (the beat failed)."""
+        if not jobs:
+            return []
+        sha = hashlib.sha1(_RENEW.encode()).hexdigest()  # noqa: S324 - Redis's script id
+        for _attempt in range(2):
+            pipe = redis.pipeline(transaction=False)
+            for _, keys, args in jobs:
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            if not any(isinstance(r, NoScriptError) for r in results):
+                return list(results)
+            await redis.script_load(_RENEW)  # to every primary
+        return list(results)
 
     def _watch_gateways(self, owned: list[_Owned], alive: dict[str, Any]) -> None:
         """End the calls whose gateway stopped renewing its liveness key (it died: kill -9, a
@@ -1491,7 +1710,7 @@ class RedisBus(Bus):
         fields = {"call": info, "owner": owned.worker_id}
         if owned.gateway:
             fields["gw"] = owned.gateway
-        entry_id = await redis.xadd(self._calls_key, fields,  # type: ignore[arg-type]
+        entry_id = await redis.xadd(self._calls_key_for(owned.call_sid), fields,  # type: ignore[arg-type]
                                     maxlen=self._calls_maxlen, approximate=True)  # fmt: skip
         # Not pending anywhere until a claim loop reads it; our XCLAIM then finds it.
         owned.announced = _sid(entry_id)
@@ -1516,12 +1735,14 @@ class _Reader:
         self.shards: list[_Shard] = []
         self._where: dict[bytes, _Shard] = {}
 
-    async def add(self, key: bytes, sub: _Sub) -> None:
+    async def add(self, key: bytes, sub: _Sub, group: int | None = None) -> None:
+        """Watch ``key`` for ``sub``; ``group``: the call's slot group on a Cluster, where one
+        shard reads the streams of one group only (one slot, so one blocking read)."""
         shard = self._where.get(key)
         if shard is None:
-            shard = next((s for s in self.shards if len(s.subs) < self.per_shard), None)
+            shard = next((s for s in self.shards if s.group == group and len(s.subs) < self.per_shard), None)
             if shard is None:
-                shard = _Shard(self, len(self.shards))
+                shard = _Shard(self, len(self.shards), group)
                 self.shards.append(shard)
             self._where[key] = shard
         await shard.add(key, sub)
@@ -1543,10 +1764,11 @@ class _Reader:
 
 
 class _Shard:
-    def __init__(self, reader: _Reader, index: int) -> None:
+    def __init__(self, reader: _Reader, index: int, group: int | None = None) -> None:
         self.reader = reader
         self.bus = reader.bus
-        self.wake = self.bus._wake_key(f"{reader.role}:{index}")
+        self.group = group
+        self.wake = self.bus._wake_key(f"{reader.role}:{index}", group)
         self._wake_b = self.wake.encode()
         self._wake_last = "0-0"
         self.subs: dict[bytes, list[_Sub]] = {}
@@ -1577,7 +1799,7 @@ class _Shard:
     async def _run(self) -> None:
         bus = self.bus
         consumer = self.reader.consumer
-        client = bus._client(blocking=True)
+        client: Redis | None = None if bus._cluster else bus._client(blocking=True)
         failures = 0
         resync = False
         need_groups = consumer is not None
@@ -1585,6 +1807,8 @@ class _Shard:
             while bus._state is _State.OPEN:
                 keys = list(self.subs)
                 try:
+                    if client is None:  # a Cluster: the primary serving this shard's slot, now
+                        client = await bus._node_client(self.wake, refresh=failures > 0)
                     if consumer is None:
                         streams: dict[Any, Any] = {self._wake_b: self._wake_last}
                         for key in keys:
@@ -1602,22 +1826,31 @@ class _Shard:
                             await self._resync(client, consumer, keys)
                             resync = False
                         reply = await self._read_new(client, consumer, keys)
-                except ResponseError as exc:
-                    if _err_code(exc) != "NOGROUP":
-                        raise
-                    need_groups = True
-                    continue
-                except _CONNECTION_ERRORS as exc:
+                except (*_CONNECTION_ERRORS, ResponseError) as exc:
+                    if isinstance(exc, ResponseError) and not _is_reroute(exc):
+                        if _err_code(exc) != "NOGROUP":
+                            raise
+                        need_groups = True
+                        continue
                     failures += 1
                     bus._outage.lost(exc)
                     resync = True
+                    if bus._cluster and client is not None:
+                        # The slot may have moved (failover): find its primary again next round.
+                        with contextlib.suppress(Exception):
+                            await client.aclose()
+                        client = None
                     await asyncio.sleep(bus._backoff.compute(failures))
                     continue
                 failures = 0
                 bus._outage.ok()
                 self._dispatch(reply or [])
         finally:
-            await client.aclose()
+            if client is not None:
+                # Shielded: aclose() cancels its tasks again and again until they end, and a
+                # cancel landing in here would leave the connection open (a Cluster bus has a
+                # shard per slot group, so many of them close at once).
+                await asyncio.shield(client.aclose())
 
     async def _read_new(self, client: Redis, consumer: str, keys: list[bytes]) -> list[Any]:
         """New uplink messages of the shard's calls, claimed under each call's lease.
@@ -1828,3 +2061,29 @@ async def _wake(bus: RedisBus, key: str) -> None:
     pipe.pexpire(key, 86_400_000)
     with contextlib.suppress(*_CONNECTION_ERRORS):
         await pipe.execute(raise_on_error=False)
+
+
+def _parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """``redis+cluster://[user:password@]host:port,host:port,...`` -> the startup nodes and the
+    client's credentials and TLS options. Raises ValueError naming what is wrong."""
+    parts = urlsplit(url)
+    auth: dict[str, Any] = {}
+    netloc = parts.netloc
+    if "@" in netloc:
+        cred, netloc = netloc.rsplit("@", 1)
+        user, _, password = cred.partition(":")
+        if user:
+            auth["username"] = unquote(user)
+        if password:
+            auth["password"] = unquote(password)
+    if parts.scheme == "rediss+cluster":
+        auth["ssl"] = True
+    if parts.path not in ("", "/", "/0"):
+        raise ValueError(f"{url.split('@')[-1]!r}: a Redis Cluster has only database 0")
+    nodes = []
+    for item in netloc.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"{url.split('@')[-1]!r}: each cluster node must be host:port, not {item!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes, auth

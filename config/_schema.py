@@ -244,7 +244,8 @@ class BusConfig(_Model):
     """The event bus between gateways and workers."""
 
     redis_url: OptStr = None
-    """``redis://`` or ``rediss://`` URL; empty, absent or ``embedded``: the in-process bus."""
+    """``redis://`` or ``rediss://`` URL of one server, ``redis+cluster://host:port,host:port``
+    (``rediss+cluster://``) of a Redis Cluster; empty, absent or ``embedded``: the in-process bus."""
 
     @field_validator("redis_url")
     @classmethod
@@ -252,7 +253,7 @@ class BusConfig(_Model):
         if value is None or value.strip() == "embedded":
             return None  # ``bus.make_bus`` reads "embedded" the same way
         parts = urlsplit(value.strip())
-        if parts.scheme not in ("redis", "rediss") or not parts.netloc:
+        if parts.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster") or not parts.netloc:
             # Never echo the URL: it may carry a password from the environment.
             raise ValueError(
                 "expected a redis:// or rediss:// URL like redis://localhost:6379/0 (or nothing, "

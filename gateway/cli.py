@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=None, help="default: server.host of the config")
     s.add_argument("--port", type=_port, default=None, help="default: server.port of the config")
     s.add_argument("--config", type=Path, default=None, help="YAML config (default: config/)")
-    s.add_argument("--redis", default=None, help="redis:// URL; default: embedded bus")
+    s.add_argument("--redis", default=None, help="redis:// URL (redis+cluster://h:p,h:p for a Redis Cluster); default: embedded bus")
     s.add_argument("--vad-runtime", choices=("auto", "torchscript", "onnx"), default="auto",
                    help="Silero runtime: auto = ONNX for batches under 32 calls, TorchScript above")
     s.add_argument("--vad-max-wait-ms", type=float, default=5.0,

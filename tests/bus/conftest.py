@@ -12,9 +12,19 @@ from typing import Any, Protocol
 import pytest
 
 from bus import Bus, EmbeddedBus, EmbeddedHub, RedisBus
+from tests.redis_cluster import redis_cluster, redis_cluster_url, shared_redis_cluster_url
 from tests.redis_server import make_redis_server, redis_server, shared_redis_url
 
-__all__ = ["BusFactory", "eventually", "make_redis_server", "redis_server", "shared_redis_url"]
+__all__ = [
+    "BusFactory",
+    "eventually",
+    "make_redis_server",
+    "redis_cluster",
+    "redis_cluster_url",
+    "redis_server",
+    "shared_redis_cluster_url",
+    "shared_redis_url",
+]
 
 # Fast liveness for tests that exercise takeover; production defaults are tested in the fault
 # suite (a SIGKILLed worker's call must move within 5 s with them).
@@ -76,12 +86,21 @@ class _Factory:
             await bus.aclose()
 
 
-@pytest.fixture(params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "embedded",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+    ]
+)
 async def make_bus(request: pytest.FixtureRequest) -> AsyncIterator[_Factory]:
-    """Builds buses over one backend (a shared hub, or one Redis with a per-test prefix)."""
+    """Builds buses over one backend (a shared hub, one Redis, or a 3-primary Redis Cluster,
+    with a per-test prefix)."""
     url = None
     if request.param == "redis":
         url = request.getfixturevalue("shared_redis_url")
+    elif request.param == "cluster":
+        url = request.getfixturevalue("shared_redis_cluster_url")
     factory = _Factory(request.param, url)
     try:
         yield factory

@@ -31,8 +31,17 @@ from .conftest import FAST_REDIS, eventually
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _bus(server: RedisServer, name: str, **options: Any) -> RedisBus:
-    return RedisBus(server.url, prefix="cgt", bus_id=name, **{**FAST_REDIS, **options})
+def _bus(server: RedisServer | str, name: str, **options: Any) -> RedisBus:
+    url = server if isinstance(server, str) else server.url
+    return RedisBus(url, prefix="cgt", bus_id=name, **{**FAST_REDIS, **options})
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """A server of the test's own: one redis-server, or a 3-primary Redis Cluster."""
+    if request.param == "cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
+    return str(request.getfixturevalue("redis_server").url)
 
 
 # -- (a) a worker process killed mid-call --------------------------------------------------
@@ -64,17 +73,17 @@ WORKER = textwrap.dedent(
 
 
 @pytest.mark.redis
-async def test_sigkilled_worker_call_is_taken_over(redis_server: RedisServer, tmp_path: Path) -> None:
+async def test_sigkilled_worker_call_is_taken_over(redis_url: str, tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     log_path = tmp_path / "w1.log"
     log_path.touch()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, str(script), redis_server.url, "w1", str(log_path)], cwd=REPO, env=env
+        [sys.executable, str(script), redis_url, "w1", str(log_path)], cwd=REPO, env=env
     )
-    gw = RedisBus(redis_server.url, prefix="cgt", bus_id="gw")
-    w2 = RedisBus(redis_server.url, prefix="cgt", bus_id="w2")  # production timings too
+    gw = RedisBus(redis_url, prefix="cgt", bus_id="gw")
+    w2 = RedisBus(redis_url, prefix="cgt", bus_id="w2")  # production timings too
     published: list[str] = []
     w2_handled: list[str] = []
     w2_loaded: list[Any] = []
@@ -258,10 +267,10 @@ async def test_full_buffer_drops_oldest_non_critical_only(
 
 
 @pytest.mark.redis
-async def test_200_calls_over_three_workers(redis_server: RedisServer) -> None:
+async def test_200_calls_over_three_workers(redis_url: str) -> None:
     n_calls, n_events = 200, 10
-    gw = _bus(redis_server, "gw")
-    workers = [_bus(redis_server, f"w{i}") for i in range(3)]
+    gw = _bus(redis_url, "gw")
+    workers = [_bus(redis_url, f"w{i}") for i in range(3)]
     handled: dict[str, list[int]] = {}
     owners: dict[str, list[str]] = {}
     handlers: list[asyncio.Task[None]] = []
