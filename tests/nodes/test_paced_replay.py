@@ -20,10 +20,12 @@ import pytest
 
 from bus import Bus, EmbeddedBus, EmbeddedHub, Event
 from config import ConfigHolder
+from gateway.call import CallSettings
 from gateway.replay import replay
 from nodes import ToneSynthesizer, run_worker
 from speech import make_transcriber
 from tests import recordings_index as rec
+from vad._turn import TurnSettings
 
 from .test_seed_snippets import logger as seed_logger
 
@@ -35,6 +37,10 @@ CHUNKS = [
     "Refunds are processed within 5 business days.",
 ]
 LOOKAHEAD_MS = 300.0
+# Pacing is under test, not turn taking: a short fixed wait answers the caller's first turn at
+# a known time (as before the end-of-turn detector), so the barge-in lands in the chunk each
+# case is built for.
+SETTINGS = CallSettings(turn=TurnSettings(mode="silence", silence_ms=200.0, early_ms=0.0))
 
 YAML = f"""
 default_agent: policy
@@ -72,7 +78,7 @@ async def _replay(
     await bus.start()
     try:
         timeline, _ = await replay(rec.source("turn_gap_then_barge_in"), agent=agent, bus=bus,
-                                   transcriber_for=lambda call: transcriber)
+                                   transcriber_for=lambda call: transcriber, settings=SETTINGS)
     finally:
         await bus.aclose()
     return timeline.events
