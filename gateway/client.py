@@ -272,7 +272,22 @@ async def play_call(
             playout_end = 0.0
             last_media: dict[str, Any] | None = None
 
-            async def hold(last: dict[str, Any], t0: float, events: list[dict[str, Any]]) -> None:
+            async def at_media_time(t: float) -> None:
+                """Wait for media time ``t`` (realtime), then play the gateway's audio up to it
+                and echo its marks, as Twilio would."""
+                assert playout is not None
+                if realtime:
+                    delay = t0 + t / 1000 / speed - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                echoes: list[str] = []
+                while not inbox.empty():
+                    echoes.extend(playout.receive(inbox.get_nowait(), at_ms=t))
+                echoes.extend(playout.advance(t))
+                for e in echoes:
+                    await ws.send_str(e)
+
+            async def hold(last: dict[str, Any], events: list[dict[str, Any]]) -> None:
                 """Silence after the recording while the bot still has something to say."""
                 nonlocal playout_end, frames
                 assert playout is not None
@@ -283,16 +298,7 @@ async def play_call(
                 while t < until and not ws.closed and _bot_busy(events):
                     t += 20
                     seq, chunk = seq + 1, chunk + 1
-                    if realtime:
-                        delay = t0 + t / 1000 / speed - time.monotonic()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
-                    echoes: list[str] = []
-                    while not inbox.empty():
-                        echoes.extend(playout.receive(inbox.get_nowait(), at_ms=t))
-                    echoes.extend(playout.advance(t))
-                    for e in echoes:
-                        await ws.send_str(e)
+                    await at_media_time(t)
                     await ws.send_str(tp.build_media(
                         sequence_number=seq, stream_sid=str(last["streamSid"]), chunk=chunk,
                         timestamp_ms=int(t), payload=b"\xff" * 160,
@@ -306,16 +312,7 @@ async def play_call(
                         last_media = obj
                         t = float(obj["media"]["timestamp"])
                         playout_end = t + 20
-                        if realtime:
-                            delay = t0 + t / 1000 / speed - time.monotonic()
-                            if delay > 0:
-                                await asyncio.sleep(delay)
-                        echoes: list[str] = []
-                        while not inbox.empty():
-                            echoes.extend(playout.receive(inbox.get_nowait(), at_ms=t))
-                        echoes.extend(playout.advance(t))
-                        for e in echoes:
-                            await ws.send_str(e)
+                        await at_media_time(t)
                     if obj.get("event") == "start":
                         line = _with_token(line, token, params or {}, call_sid)
                         playout = TwilioPlayout(stream_sid=str(obj.get("streamSid", "")))
@@ -323,7 +320,7 @@ async def play_call(
                         break
                     if obj.get("event") == "stop":
                         if watcher is not None and hold_s > 0 and last_media is not None:
-                            await hold(last_media, t0, events)
+                            await hold(last_media, events)
                         closing = True  # the caller hangs up; the gateway closes after it
                     await ws.send_str(line)
                     frames += 1

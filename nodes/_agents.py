@@ -70,6 +70,7 @@ another worker resumes with the agent's first node active.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
@@ -103,7 +104,7 @@ from ._events import (
     SDKSystemLLMRequestEvent,
     SDKSystemUserJoinedEvent,
 )
-from ._llm import ChatChunk, OpenAIClient, ToolCall
+from ._llm import ChatChunk, OpenAIClient, ToolCall, tool_calls_message
 from ._node import Node
 from ._output_agent import OutputAgentNode
 from ._scripted import CONTROL_TOOLS, HANDOVER_TOOL, HANGUP_TOOL, TRANSFER_TOOL, ScriptedLLM
@@ -457,55 +458,22 @@ class ConfiguredLLMNode(OutputAgentNode):
             stream = await self.llm.chat(
                 messages=self._request(said_before), stream=True, tools=self.tool_schemas or None
             )
-            try:
-                async for chunk in stream:
-                    if chunk.content:
-                        said += chunk.content
-                        yield chunk.content
-                    if chunk.tool_calls:
-                        calls.extend(chunk.tool_calls)
-            finally:
-                # Stops the HTTP stream of a generation that a barge-in cancelled.
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+            async with contextlib.aclosing(self._stream_reply(stream, calls)) as texts:
+                async for text in texts:
+                    said += text
+                    yield text
             self._actions.extend(c for c in calls if c.name in CONTROL_TOOLS)
             functions = [c for c in calls if c.name not in CONTROL_TOOLS]
             if not functions:
                 return
             results = await self.tool_registry.execute(functions, parallel=True)
-            request = {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments},
-                    }
-                    for c in functions
-                ],
-            }
-            self._store_before_reply([request, *(r.to_message() for r in results)])
+            request = tool_calls_message(functions)
+            self._add_before_reply([request, *(r.to_message() for r in results)])
             said_before.append((request, said))
             if self._actions:
                 return  # the call moves on (handover, transfer, hang-up)
         logger.warning("[%s] still calling tools after %d rounds; reply cut short", self.name,
                        _MAX_TOOL_ROUNDS)  # fmt: skip
-
-    def _reply_message(self) -> dict[str, Any] | None:
-        """The assistant message of the response being generated (None before its first text)."""
-        if not self._responses:
-            return None
-        return next(reversed(self._responses.values())).message
-
-    def _store_before_reply(self, messages: list[dict[str, Any]]) -> None:
-        # The response keeps one assistant message (the one a barge-in cuts to what was heard),
-        # so the tool messages go before it: the stored conversation stays valid for the API.
-        stored = self.context.messages
-        reply = self._reply_message()
-        index = next((i for i, m in enumerate(stored) if m is reply), len(stored))
-        stored[index:index] = messages
 
     def _request(self, said_before: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
         """The messages for the next LLM call: prompt, the conversation (this response's text so

@@ -46,6 +46,18 @@ class ToolCall:
         return value
 
 
+def tool_calls_message(calls: Iterable[ToolCall]) -> dict[str, Any]:
+    """The assistant message that records the model's ``calls`` (before their results)."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ],
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """The outcome of one tool call, ready to go back to the model."""

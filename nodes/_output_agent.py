@@ -17,6 +17,7 @@ cut.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -38,6 +39,7 @@ from ._events import (
     SDKSystemUpdateOutputAgentSettingsEvent,
     SDKSystemUserJoinedEvent,
 )
+from ._llm import tool_calls_message
 from ._node import Node
 
 __all__ = ["OutputAgentNode", "ResponsePacer"]
@@ -143,39 +145,45 @@ class OutputAgentNode(Node):
             messages = list(self.context.messages)
             if self._llm_prompt:
                 messages.insert(0, {"role": "system", "content": self._llm_prompt})
+            calls: list[Any] = []
             stream = await llm.chat(messages=messages, stream=True,
                                     tools=self.tool_schemas or None)
-            calls: list[Any] = []
-            try:
-                async for chunk in stream:
-                    if chunk.content:
-                        yield chunk.content
-                    if chunk.tool_calls:
-                        calls.extend(chunk.tool_calls)
-            finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+            async with contextlib.aclosing(self._stream_reply(stream, calls)) as texts:
+                async for text in texts:
+                    yield text
             if not calls or self.tool_registry is None:
                 return
             results = await self.tool_registry.execute(calls, parallel=True)
-            request = {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": c.arguments}}
-                    for c in calls
-                ],
-            }
-            self._add_before_reply([request, *(r.to_message() for r in results)])
+            self._add_before_reply([tool_calls_message(calls), *(r.to_message() for r in results)])
         logger.warning("[%s] still calling tools after %d rounds; reply cut short", self.name,
                        _MAX_TOOL_ROUNDS)
+
+    @staticmethod
+    async def _stream_reply(stream: Any, calls: list[Any]) -> AsyncIterator[str]:
+        """The text of one streamed LLM answer; the tool calls it asks for go into ``calls``.
+        The stream is closed however the loop ends (a barge-in cancels the generation: this
+        stops its HTTP stream)."""
+        try:
+            async for chunk in stream:
+                if chunk.content:
+                    yield chunk.content
+                if chunk.tool_calls:
+                    calls.extend(chunk.tool_calls)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _reply_message(self) -> dict[str, Any] | None:
+        """The assistant message of the response being generated (None before its first text)."""
+        if not self._responses:
+            return None
+        return next(reversed(self._responses.values())).message
 
     def _add_before_reply(self, messages: list[dict[str, Any]]) -> None:
         # The response keeps one assistant message (the one a barge-in cuts to what was heard),
         # so tool messages go before it: the stored conversation stays valid for the API.
-        reply = next(reversed(self._responses.values())).message if self._responses else None
+        reply = self._reply_message()
         stored = self.context.messages
         index = next((i for i, m in enumerate(stored) if m is reply), len(stored))
         stored[index:index] = messages
