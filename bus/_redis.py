@@ -1119,6 +1119,11 @@ class RedisBus(Bus):
                     self.counters["calls_claimed"] += 1
                     yield taken.pop(0)
                 try:
+                    # What the pumps have read is ours to consider before any orphan scan: an
+                    # entry left in the inbox idles in our PEL, and a scan on a loaded machine
+                    # took our own new call back as an orphan (contract suite, on a cluster).
+                    while not inbox.empty():
+                        unread.append(inbox.get_nowait())
                     if unread:
                         shard, entry_id, fields = unread[0]
                         info = await self._until_closed(
