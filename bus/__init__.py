@@ -3,6 +3,8 @@
 ``make_bus(url)`` picks the implementation from configuration: nothing or ``"embedded"`` gives
 the in-process :class:`EmbeddedBus`; a ``redis://`` or ``rediss://`` URL gives :class:`RedisBus`
 on one server, ``redis+cluster://host:port,host:port`` (or ``rediss+cluster://``) on a Redis Cluster.
+
+The events the bus carries are the typed records of :mod:`bus.protocol` (``encode`` / ``decode``).
 """
 
 import typing as _typing
@@ -14,12 +16,16 @@ from ._errors import (
     BusError,
     BusUnavailableError,
     CallOwnershipError,
+    EventDecodeError,
     EventError,
     InvalidNameError,
     OwnershipLostError,
+    UnknownEventError,
+    VersionMismatchError,
 )
 from ._redis import RedisBus
 from ._retry import CRITICAL_TYPES, is_critical
+from . import protocol
 
 __all__ = [
     "CRITICAL_TYPES",
@@ -33,12 +39,16 @@ __all__ = [
     "EmbeddedBus",
     "EmbeddedHub",
     "Event",
+    "EventDecodeError",
     "EventError",
     "InvalidNameError",
     "OwnershipLostError",
     "RedisBus",
+    "UnknownEventError",
+    "VersionMismatchError",
     "is_critical",
     "make_bus",
+    "protocol",
 ]
 
 

@@ -1,0 +1,508 @@
+"""The events that cross the bus: typed record in, wire object out; wire object in, record out.
+
+Every event a gateway publishes (uplink) or a worker sends (downlink) is one of the frozen,
+slotted records below, tagged by its ``type``; :func:`encode` turns one into the JSON-able
+object a :class:`bus.Bus` carries, :func:`decode` turns what a bus delivers (that object, or its
+JSON text, as ``NAME.downlink.jsonl`` keeps it) back into the record. Nothing else builds or
+reads an event's fields (``tests/bus/test_protocol.py`` greps the tree for hand-built ones).
+
+* **uplink** (gateway -> worker), every one with ``t_ms``, the media time it happened at:
+  :class:`CallStarted`, :class:`SpeechStarted`, :class:`SpeechStopped`, :class:`Transcript`,
+  :class:`Interrupt`, :class:`InterruptSuppressed`, :class:`Dtmf`, :class:`Playback`,
+  :class:`CallEnded`.
+* **downlink** (worker -> gateway): :class:`UtteranceStart`, :class:`Audio`,
+  :class:`UtteranceEnd`, :class:`Hangup`, :class:`Transfer`.
+
+The wire object is ``{"type": ..., "v": "1.0", <fields>}``, fields by their record names;
+``Audio.payload`` (8 kHz mu-law bytes) travels as base64 text, and a field that is None is left
+out (a pre-versioned reader tests ``"text" in event``). The bus adds ``eid`` (its envelope, see
+``bus._base``); :func:`decode` ignores it.
+
+Versions. ``v`` is ``"MAJOR.MINOR"`` (:data:`PROTOCOL_VERSION`). A minor version may only add:
+optional fields (with defaults) and event types a reader may skip. Anything else (a field
+renamed, removed, retyped or made required, a meaning changed) is a new major version. So a
+reader accepts every event of its own major version: fields it does not know are ignored, a type
+it does not know raises :class:`~bus.UnknownEventError` (skip it); an event of another major
+version raises :class:`~bus.VersionMismatchError`, naming both versions. An event without ``v``
+was sent before the protocol was versioned and reads as 1.0, which it is. A gateway and a worker
+of different minor versions in one fleet interoperate; of different major versions, every event
+fails with that error in the receiver's log, so roll majors out side by side (a second pool).
+
+The timeline events (``events.jsonl``, ``gateway.timeline``) are another vocabulary: the
+gateway's own record of what it did, never read by the other side of the bus, open by contract
+(DESIGN.md: names and ``t_ms`` fixed, "extra fields are welcome") and read by
+``tools/eval_bargein.py``; their names are declared once, in ``gateway.timeline.EVENT_TYPES``.
+
+Errors (from ``bus._errors``)::
+
+    EventError (ValueError)
+    └── EventDecodeError        not an object, no or a bad ``type`` or ``v``, a field missing or
+        │                       of the wrong type (has .field and .reason)
+        ├── UnknownEventError   well-formed, but a ``type`` this version does not define
+        └── VersionMismatchError  another major version (has .version)
+
+For any input whatsoever :func:`decode` raises nothing but :class:`~bus.EventDecodeError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, NoReturn, TypeAlias
+
+from ._errors import EventDecodeError, UnknownEventError, VersionMismatchError
+
+__all__ = [
+    "DOWNLINK_TYPES",
+    "PROTOCOL_VERSION",
+    "UPLINK_TYPES",
+    "Audio",
+    "BusEvent",
+    "CallEnded",
+    "CallStarted",
+    "DownlinkEvent",
+    "Dtmf",
+    "Hangup",
+    "Interrupt",
+    "InterruptReason",
+    "InterruptSuppressed",
+    "Playback",
+    "PlaybackState",
+    "SpeechStarted",
+    "SpeechStopped",
+    "Transcript",
+    "Transfer",
+    "UplinkEvent",
+    "UtteranceEnd",
+    "UtteranceStart",
+    "decode",
+    "encode",
+]
+
+PROTOCOL_VERSION: Final = (1, 0)
+"""The version this side writes and reads (any ``1.x``): ``"1.0"`` on the wire."""
+
+_VERSION_TEXT: Final = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
+_FRAME: Final = ("type", "v", "eid")  # the envelope: never a record's field
+
+InterruptReason: TypeAlias = Literal["speech", "dtmf", "resumed"]
+"""Why the gateway stopped the bot: the caller spoke over it, keyed a digit, or resumed a turn
+before hearing any of its reply."""
+
+PlaybackState: TypeAlias = Literal["playing", "finished", "interrupted", "resumed"]
+"""Where an utterance's playback is: ``playing`` (progress), then ``finished`` or
+``interrupted``; ``resumed`` after a pause (a backchannel) that did not become a barge-in."""
+
+
+# --- uplink: gateway -> worker ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStarted:
+    """The call is streaming: the agent may greet (``system.user.joined``)."""
+
+    agent: str = ""
+    from_number: str = ""
+    to_number: str = ""
+    t_ms: float = 0.0
+    """Media time (ms since the stream started) the gateway published it at; 0 from a sender
+    that has no media clock (a test, a tool). Every uplink event has it."""
+    type: Literal["call_started"] = field(default="call_started", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStarted:
+    """The caller started speaking (the barge-in policy's onset)."""
+
+    over_uninterruptible: bool = False
+    """The bot was playing a non-interruptible utterance when it happened."""
+    t_ms: float = 0.0
+    type: Literal["speech_started"] = field(default="speech_started", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStopped:
+    """The caller stopped speaking."""
+
+    over_uninterruptible: bool = False
+    dropped: bool = False
+    """The speech was over a non-interruptible utterance and the agent drops such speech
+    (``speech_over_uninterruptible: drop``): no transcript follows."""
+    t_ms: float = 0.0
+    type: Literal["speech_stopped"] = field(default="speech_stopped", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transcript:
+    """What the caller said in a turn; a final one is a user message and asks for a reply."""
+
+    text: str
+    final: bool = True
+    replaces_previous: bool = False
+    """The caller resumed the turn before hearing the reply: this text is the whole turn and
+    replaces the last user message."""
+    t_ms: float = 0.0
+    type: Literal["transcript"] = field(default="transcript", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interrupt:
+    """The gateway stopped an interruptible utterance for good (it has sent ``clear``)."""
+
+    utterance_id: str | None = None
+    """The utterance stopped; None when the reply had not started playing (``resumed``)."""
+    heard_ms: float | None = None
+    """How much of it the caller heard, from marks echoed before the clear."""
+    heard_text: str | None = None
+    """What the caller heard of its text by the gateway's reckoning (``Utterance.heard_text``,
+    the rule of ``nodes._alignment`` on the text spans of the ``audio`` events); the worker
+    cuts by ``heard_ms`` against its own alignment and reads this only without it."""
+    node: str | None = None
+    reason: InterruptReason = "speech"
+    t_ms: float = 0.0
+    type: Literal["interrupt"] = field(default="interrupt", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterruptSuppressed:
+    """The caller spoke over a non-interruptible utterance; it plays on."""
+
+    utterance_id: str | None = None
+    policy: str = ""
+    """The agent's ``speech_over_uninterruptible`` (``keep`` or ``drop``)."""
+    t_ms: float = 0.0
+    type: Literal["interrupt_suppressed"] = field(default="interrupt_suppressed", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dtmf:
+    """The caller keyed a digit (one of 0-9 * # A-D, as Twilio reports it)."""
+
+    digit: str
+    t_ms: float = 0.0
+    type: Literal["dtmf"] = field(default="dtmf", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Playback:
+    """What the caller has heard of an utterance, from Twilio's echoed marks.
+
+    ``playing`` comes at the first mark, then at most every ``progress_interval_ms`` of audio
+    heard, and when the caller has heard all the audio sent so far (the worker paces on it).
+    """
+
+    state: PlaybackState
+    utterance_id: str
+    heard_ms: float
+    t_ms: float = 0.0
+    type: Literal["playback"] = field(default="playback", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallEnded:
+    """The call is over (``stop``, the socket closed, a hang-up; ``gateway_lost`` from the bus)."""
+
+    reason: str = ""
+    t_ms: float = 0.0
+    type: Literal["call_ended"] = field(default="call_ended", init=False)
+
+
+# --- downlink: worker -> gateway ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UtteranceStart:
+    """A new utterance of ``node``; the gateway queues it behind the one playing."""
+
+    utterance_id: str
+    node: str = ""
+    interruptible: bool = True
+    """False for a node with ``is_interruptible=False``: the caller hears it in full."""
+    text: str | None = None
+    """The whole text when it is known up front (``speak``); else it comes with the audio."""
+    type: Literal["utterance_start"] = field(default="utterance_start", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Audio:
+    """A piece of an utterance's audio, and the text it speaks."""
+
+    utterance_id: str
+    payload: bytes
+    """8 kHz mu-law, no header; base64 on the wire."""
+    text: str | None = None
+    """The chunk of the utterance's text this audio speaks (None: audio without text)."""
+    text_start: int | None = None
+    """Where ``text`` starts in the utterance's text (None: at its current end)."""
+    text_end: int | None = None
+    audio_ms: float | None = None
+    """The utterance's audio so far, this piece included."""
+    duration_ms: float | None = None
+    """This piece's share of it."""
+    type: Literal["audio"] = field(default="audio", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UtteranceEnd:
+    """The utterance has all its audio; it finishes once that has played."""
+
+    utterance_id: str
+    interrupted: bool = False
+    text: str | None = None
+    """Everything synthesized for it."""
+    type: Literal["utterance_end"] = field(default="utterance_end", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hangup:
+    """End the call once the audio queued has played."""
+
+    type: Literal["hangup"] = field(default="hangup", init=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """The agent transferred the call to ``to`` (the worker redirects it through Twilio)."""
+
+    to: str
+    type: Literal["transfer"] = field(default="transfer", init=False)
+
+
+UplinkEvent: TypeAlias = (CallStarted | SpeechStarted | SpeechStopped | Transcript | Interrupt
+                          | InterruptSuppressed | Dtmf | Playback | CallEnded)
+"""What a gateway publishes; narrow with ``match`` or ``isinstance``."""
+
+DownlinkEvent: TypeAlias = UtteranceStart | Audio | UtteranceEnd | Hangup | Transfer
+"""What a worker sends."""
+
+BusEvent: TypeAlias = UplinkEvent | DownlinkEvent
+"""Any event on the bus: what :func:`decode` returns."""
+
+_UPLINK: Final = (CallStarted, SpeechStarted, SpeechStopped, Transcript, Interrupt,
+                  InterruptSuppressed, Dtmf, Playback, CallEnded)
+_DOWNLINK: Final = (UtteranceStart, Audio, UtteranceEnd, Hangup, Transfer)
+
+
+def _tag(cls: type) -> str:
+    return str(next(f for f in dataclasses.fields(cls) if f.name == "type").default)
+
+
+UPLINK_TYPES: Final = tuple(_tag(c) for c in _UPLINK)
+"""The uplink ``type`` strings, in the order a call meets them."""
+
+DOWNLINK_TYPES: Final = tuple(_tag(c) for c in _DOWNLINK)
+"""The downlink ``type`` strings."""
+
+
+# --- field readers: built once per record from its annotations ----------------------------------
+
+_Reader: TypeAlias = Callable[[object, str], Any]  # (value, "type.field") -> field value
+_MISSING: Final = object()
+
+
+def _fail(where: str, reason: str) -> NoReturn:
+    raise EventDecodeError(f"{where} {reason}", field=where)
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _read_str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        _fail(where, f"must be a string, got {_kind(value)}")
+    return value
+
+
+def _read_bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(where, f"must be a boolean, got {_kind(value)}")
+    return value
+
+
+def _read_int(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        _fail(where, f"must be an integer, got {_kind(value)}")
+    return value
+
+
+def _read_float(value: object, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        _fail(where, f"must be a number, got {_kind(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        _fail(where, "must be a finite number, got one too large")
+    if not math.isfinite(number):
+        _fail(where, f"must be a finite number, got {number}")
+    return number
+
+
+def _read_bytes(value: object, where: str) -> bytes:
+    text = _read_str(value, where)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        _fail(where, f"is not valid base64: {exc}")
+
+
+def _literal(allowed: tuple[str, ...]) -> _Reader:
+    def read(value: object, where: str) -> str:
+        if value not in allowed:
+            text = repr(value) if isinstance(value, str) else _kind(value)
+            _fail(where, f"must be one of {', '.join(allowed)}; got {text:.80}")
+        return typing.cast(str, value)
+    return read
+
+
+def _optional(inner: _Reader) -> _Reader:
+    def read(value: object, where: str) -> Any:
+        return None if value is None else inner(value, where)
+    return read
+
+
+_READERS: Final[dict[object, _Reader]] = {
+    str: _read_str, bool: _read_bool, int: _read_int, float: _read_float, bytes: _read_bytes,
+}
+
+
+def _reader(hint: Any) -> _Reader:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return _literal(typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(rest) == 1 and len(typing.get_args(hint)) == 2:
+            return _optional(_reader(rest[0]))
+    if hint in _READERS:
+        return _READERS[hint]
+    raise TypeError(f"no wire reader for {hint!r}")  # a record declared with a new field type
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    read: _Reader
+    default: Any  # _MISSING when required
+    is_bytes: bool
+
+
+def _spec(cls: type) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        _Field(f.name, _reader(hints[f.name]),
+               _MISSING if f.default is dataclasses.MISSING else f.default,
+               hints[f.name] is bytes)
+        for f in dataclasses.fields(cls) if f.init
+    )
+
+
+_BY_TYPE: Final[dict[str, tuple[type, tuple[_Field, ...]]]] = {
+    _tag(c): (c, _spec(c)) for c in (*_UPLINK, *_DOWNLINK)
+}
+
+
+# --- encode / decode ----------------------------------------------------------------------------
+
+
+def encode(event: BusEvent, *, eid: str | None = None) -> dict[str, Any]:
+    """The wire object of ``event``, for ``Bus.publish`` / ``Bus.send``.
+
+    Args:
+        event: one of this module's records.
+        eid: a deterministic event id (a re-send the other side must drop as a copy); None
+            lets the bus assign one.
+
+    Raises:
+        TypeError: ``event`` is not one of this module's records (a programming error).
+    """
+    entry = _BY_TYPE.get(getattr(event, "type", None))  # type: ignore[arg-type]
+    if entry is None or type(event) is not entry[0]:
+        raise TypeError(f"not a bus event record: {type(event).__name__}")
+    wire: dict[str, Any] = {"type": event.type, "v": _VERSION_TEXT}
+    for f in entry[1]:
+        value = getattr(event, f.name)
+        if value is None:
+            continue
+        wire[f.name] = base64.b64encode(value).decode("ascii") if f.is_bytes else value
+    if eid is not None:
+        wire["eid"] = eid
+    return wire
+
+
+def _version(obj: Mapping[str, Any], kind: str) -> None:
+    v = obj.get("v", _MISSING)
+    if v is _MISSING:
+        return  # sent before the protocol was versioned: 1.0
+    major, dot, minor = v.partition(".") if isinstance(v, str) else ("", "", "")
+    if not (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()
+            and len(v) <= 16):
+        text = repr(v) if isinstance(v, str) else _kind(v)
+        _fail(f"{kind}.v", f"must be a version \"MAJOR.MINOR\", got {text:.40}")
+    if int(major) != PROTOCOL_VERSION[0]:
+        raise VersionMismatchError(
+            f"event {kind!r} is bus protocol version {v}; this side speaks {_VERSION_TEXT} and"
+            f" reads {PROTOCOL_VERSION[0]}.x only (run gateways and workers of one major version"
+            " together)",
+            version=v,
+        )
+
+
+def decode(raw: Mapping[str, Any] | str | bytes) -> BusEvent:
+    """The record of one event as a bus delivers it (``BusMessage.event``) or as JSON text.
+
+    Fields this version does not define are ignored (a newer minor version's), and so are the
+    envelope's ``v`` and ``eid``.
+
+    Raises:
+        EventDecodeError: not a valid event of this major version (see the subclasses); the
+            message names the field. Nothing else is raised, whatever the input.
+    """
+    obj: object = raw
+    if isinstance(raw, str | bytes | bytearray):
+        try:
+            obj = json.loads(raw)
+        except RecursionError as exc:
+            raise EventDecodeError("event is nested too deeply", field="") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, huge ints
+            raise EventDecodeError(f"event is not JSON: {str(exc):.120}", field="") from exc
+    if not isinstance(obj, Mapping):
+        raise EventDecodeError(f"an event is a JSON object, not {_kind(obj)}", field="")
+    kind = obj.get("type", _MISSING)
+    if not isinstance(kind, str) or not kind:
+        if kind is _MISSING:
+            _fail("type", "is missing")
+        _fail("type", f"must be a non-empty string, got {_kind(kind)}")
+    _version(obj, kind)
+    entry = _BY_TYPE.get(kind)
+    if entry is None:
+        raise UnknownEventError(f"unknown event type {kind[:64]!r}", field="type")
+    cls, spec = entry
+    values: dict[str, Any] = {}
+    for f in spec:
+        value = obj.get(f.name, _MISSING)
+        if value is _MISSING:
+            if f.default is _MISSING:
+                _fail(f"{kind}.{f.name}", "is missing")
+            continue
+        values[f.name] = f.read(value, f"{kind}.{f.name}")
+    return typing.cast(BusEvent, cls(**values))
