@@ -20,8 +20,6 @@ proxy sends can end the call except ``stop`` or the socket closing.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import enum
 import logging
 from collections import deque
@@ -31,7 +29,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bus import Bus, CallInfo
+from bus import Bus, CallInfo, EventDecodeError
+from bus import protocol as bp
 from vad import (
     AecMode,
     BargeInPolicy,
@@ -60,6 +59,13 @@ log = logging.getLogger("callgate.call")
 
 # One line per 10 s for the whole process, with the count: a peer may send thousands a second.
 SKIPPED_FRAMES = RateLimitedLog(log, "skipped Twilio frames", interval_s=10.0)
+SKIPPED_DOWNLINK = RateLimitedLog(log, "skipped downlink events", interval_s=10.0)
+# The playback steps the worker hears of (as ``playback {state}``), by their timeline event.
+_PLAYBACK_STATES: dict[str, bp.PlaybackState] = {
+    "bot_utterance_finished": "finished",
+    "bot_utterance_interrupted": "interrupted",
+    "bot_utterance_resumed": "resumed",
+}
 _NO_SAMPLES = np.zeros(0, dtype=np.float32)
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
 
@@ -196,10 +202,10 @@ class CallSession:
     def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
         return self.timeline.emit(self.now_ms, type_, **fields)
 
-    async def publish(self, type_: str, **fields: Any) -> None:
+    async def publish(self, event: bp.UplinkEvent) -> None:
         if self.info is None:
             return
-        await self._bus.publish(self.info.call_sid, {"type": type_, "t_ms": self.now_ms, **fields})
+        await self._bus.publish(self.info.call_sid, bp.encode(event))
 
     # -- Twilio side -----------------------------------------------------------------------
     async def handle_text(self, text: str | bytes) -> None:
@@ -264,8 +270,8 @@ class CallSession:
         await self._bus.open_call(info)
         self.emit("call_started", call_sid=info.call_sid, stream_sid=msg.stream_sid,
                   agent=info.agent)
-        await self.publish("call_started", agent=info.agent, from_number=info.from_number,
-                           to_number=info.to_number)
+        await self.publish(bp.CallStarted(agent=info.agent, from_number=info.from_number,
+                                          to_number=info.to_number, t_ms=self.now_ms))
         self._log.info("call started (agent %s)", info.agent)
 
     async def _on_media(self, msg: tp.Media) -> None:
@@ -321,7 +327,7 @@ class CallSession:
             self._over_uninterruptible = over
             self._start_transcription()
             self.emit("speech_started")
-            await self.publish("speech_started", over_uninterruptible=over)
+            await self.publish(bp.SpeechStarted(over_uninterruptible=over, t_ms=now))
             if self._turn_tentative:
                 self._turn_tentative = False
                 if self._unanswered is None:
@@ -343,9 +349,10 @@ class CallSession:
             else:
                 self._turn_open = True  # the transcript waits for the turn's end (_turn_step)
             self.emit("speech_stopped")
-            await self.publish("speech_stopped", over_uninterruptible=self._over_uninterruptible,
-                               dropped=self._over_uninterruptible
-                               and self.settings.speech_over_uninterruptible == "drop")
+            await self.publish(bp.SpeechStopped(
+                over_uninterruptible=self._over_uninterruptible,
+                dropped=self._over_uninterruptible
+                and self.settings.speech_over_uninterruptible == "drop", t_ms=now))
             self._over_uninterruptible = False
         elif d is Decision.PAUSE:
             u = self.playback.current
@@ -373,8 +380,8 @@ class CallSession:
             uid = u.id if u is not None else None
             self.emit("interrupt_suppressed", utterance_id=uid,
                       policy=self.settings.speech_over_uninterruptible)
-            await self.publish("interrupt_suppressed", utterance_id=uid,
-                               policy=self.settings.speech_over_uninterruptible)
+            await self.publish(bp.InterruptSuppressed(
+                utterance_id=uid, policy=self.settings.speech_over_uninterruptible, t_ms=now))
 
     # -- turn taking ------------------------------------------------------------------------
     async def _turn_step(self, speech: bool, end_sample: int) -> None:
@@ -427,8 +434,8 @@ class CallSession:
             await self._interrupt(reason="resumed")
         else:
             # The reply is still being generated: the worker cancels it (unknown utterance).
-            await self.publish("interrupt", utterance_id=None, heard_ms=0.0, node=None,
-                               reason="resumed")
+            await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
+                                            reason="resumed", t_ms=self.now_ms))
 
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:
@@ -467,7 +474,7 @@ class CallSession:
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return
-        extra: dict[str, Any] = {"dropped": reason} if dropped else {}
+        extra: dict[str, Any] = {"dropped": reason} if dropped else {}  # the timeline's
         if self._carry_text and not dropped:
             # The caller went on before this came back: it is the start of a longer turn.
             self._carry_text = False
@@ -481,7 +488,9 @@ class CallSession:
             extra["replaces_previous"] = True
         self.emit("transcript", text=text, final=True, **extra)
         if text and not dropped:
-            await self.publish("transcript", text=text, final=True, **extra)
+            await self.publish(bp.Transcript(text=text, final=True,
+                                             replaces_previous=bool(extra.get("replaces_previous")),
+                                             t_ms=self.now_ms))
             self._unanswered = text
             self._turn_end_ms = self.now_ms
 
@@ -494,7 +503,7 @@ class CallSession:
             self._aec.clear_reference_from(at)
         self.emit("clear_sent", **fields)
 
-    async def _interrupt(self, *, reason: str) -> None:
+    async def _interrupt(self, *, reason: bp.InterruptReason) -> None:
         """The caller took the turn: stop the current interruptible utterance for good."""
         self._paused_utterance = None
         u, out = self.playback.interrupt(self.now_ms)
@@ -504,8 +513,9 @@ class CallSession:
             await self._clear(reason=reason, utterance_id=u.id)
         await self._apply(out)
         self.emit("barge_in", utterance_id=u.id, heard_ms=u.heard_ms, node=u.node, reason=reason)
-        await self.publish("interrupt", utterance_id=u.id, heard_ms=u.heard_ms,
-                           heard_text=u.heard_text(), node=u.node, reason=reason)
+        await self.publish(bp.Interrupt(utterance_id=u.id, heard_ms=u.heard_ms,
+                                        heard_text=u.heard_text(), node=u.node, reason=reason,
+                                        t_ms=self.now_ms))
 
     async def _report_progress(self) -> None:
         """``playback {state: playing}``: what the caller has heard of the utterance playing,
@@ -522,12 +532,13 @@ class CallSession:
         elif heard <= 0:
             return
         self._progress_reported = (u.id, heard)
-        await self.publish("playback", state="playing", utterance_id=u.id, heard_ms=heard)
+        await self.publish(bp.Playback(state="playing", utterance_id=u.id, heard_ms=heard,
+                                       t_ms=self.now_ms))
 
     async def _on_dtmf(self, msg: tp.Dtmf) -> None:
         self.dtmf_digits += msg.digit
         self.emit("dtmf", digit=msg.digit)
-        await self.publish("dtmf", digit=msg.digit)
+        await self.publish(bp.Dtmf(digit=msg.digit, t_ms=self.now_ms))
         u = self.playback.current
         playing = u is not None and u.interruptible and u.state is UtteranceState.PLAYING
         paused = u is not None and u.interruptible and u.state is UtteranceState.PAUSED
@@ -536,48 +547,45 @@ class CallSession:
             await self._decide(d)
 
     # -- worker side -----------------------------------------------------------------------
-    async def handle_downlink(self, event: dict[str, Any]) -> None:
+    async def handle_downlink(self, event: bp.DownlinkEvent) -> None:
         """One event from the session worker (utterance start / audio / end, hangup)."""
         if self.phase is CallPhase.ENDED:
             return
         self.timeline.downlink(self.now_ms, event)  # the recorder's hook (gateway/recorder.py)
-        kind = event.get("type")
         try:
-            if kind == "utterance_start":
-                self.playback.start(
-                    str(event["utterance_id"]),
-                    node=str(event.get("node", "")),
-                    interruptible=bool(event.get("interruptible", True)),
-                    text=str(event.get("text", "")),
-                )
-            elif kind == "audio":
-                audio = base64.b64decode(str(event["payload"]), validate=True)
-                if self.playback.add_audio(str(event["utterance_id"]), audio) and "text" in event:
-                    u = self.playback.get(str(event["utterance_id"]))
-                    assert u is not None
-                    start = int(event.get("text_start", len(u.text)))
-                    end = event.get("text_end")
-                    u.add_text(str(event["text"]), start, None if end is None else int(end),
-                               len(audio))
-            elif kind == "utterance_end":
-                self.playback.end(str(event["utterance_id"]))
-            elif kind == "hangup":
-                self._hangup_requested = True
-            elif kind == "transfer":
-                self._log.info("worker transferred the call to %s", event.get("to"))
-            else:
-                self._log.warning("ignored downlink event of type %r", kind)
-                return
-        except (KeyError, ValueError, binascii.Error, PlaybackError) as exc:
-            self._log.warning("ignored bad downlink event %r: %s", kind, exc)
+            match event:
+                case bp.UtteranceStart():
+                    self.playback.start(event.utterance_id, node=event.node,
+                                        interruptible=event.interruptible, text=event.text or "")
+                case bp.Audio():
+                    added = self.playback.add_audio(event.utterance_id, event.payload)
+                    if added and event.text is not None:
+                        u = self.playback.get(event.utterance_id)
+                        assert u is not None
+                        start = len(u.text) if event.text_start is None else event.text_start
+                        u.add_text(event.text, start, event.text_end, len(event.payload))
+                case bp.UtteranceEnd():
+                    self.playback.end(event.utterance_id)
+                case bp.Hangup():
+                    self._hangup_requested = True
+                case bp.Transfer():
+                    self._log.info("worker transferred the call to %s", event.to)
+        except (ValueError, PlaybackError) as exc:
+            self._log.warning("ignored bad downlink event %r: %s", event.type, exc)
             return
         await self._pump()
 
     async def run_downlink(self) -> None:
-        """Consume the call's downlink from the bus until the call ends (a task per call)."""
+        """Consume the call's downlink from the bus until the call ends (a task per call);
+        events that do not decode (``bus.protocol``) are logged, rate-limited, and skipped."""
         assert self.info is not None
         async for message in self._bus.downlink(self.info.call_sid):
-            await self.handle_downlink(message.event)
+            try:
+                event = bp.decode(message.event)
+            except EventDecodeError as exc:
+                SKIPPED_DOWNLINK.warning("skipped downlink event: %s", exc, extra=self._log.extra)
+                continue
+            await self.handle_downlink(event)
             if self.phase is CallPhase.ENDED:
                 break
             # A worker may queue a whole utterance at once; yield between its events so other
@@ -604,10 +612,10 @@ class CallSession:
             if u is not None and ev["type"] != "bot_utterance_started":
                 fields.update(text=u.text, heard_text=u.heard_text())  # what was said, heard
             self.emit(ev["type"], **fields)
-            if ev["type"] in ("bot_utterance_finished", "bot_utterance_interrupted",
-                              "bot_utterance_resumed"):
-                await self.publish("playback", state=ev["type"].removeprefix("bot_utterance_"),
-                                   utterance_id=ev["utterance_id"], heard_ms=ev["heard_ms"])
+            state = _PLAYBACK_STATES.get(ev["type"])
+            if state is not None:
+                await self.publish(bp.Playback(state=state, utterance_id=ev["utterance_id"],
+                                               heard_ms=ev["heard_ms"], t_ms=self.now_ms))
         for chunk in out.chunks:
             await self._send_chunk(chunk)
 
@@ -645,7 +653,7 @@ class CallSession:
             task.cancel()
         if was_streaming and self.info is not None:
             self.emit("call_ended", reason=reason)
-            await self.publish("call_ended", reason=reason)
+            await self.publish(bp.CallEnded(reason=reason, t_ms=self.now_ms))
             await self._bus.close_call(self.info.call_sid)
             self._log.info("call ended (%s) after %.1f s", reason, self.now_ms / 1000)
         self._closed.set()

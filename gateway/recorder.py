@@ -36,8 +36,6 @@ call); the folder is written at the end, off the event loop.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import dataclasses
 import enum
 import json
@@ -49,6 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from bus import EventDecodeError
+from bus import protocol as bp
 
 from .audio import write_wav_ulaw
 from .call import CallSettings
@@ -106,7 +107,7 @@ class CallRecorder:
         self.settings: RecordingSettings | None = None
         self.state = RecorderState.UNDECIDED
         self._inbound: list[str] = []
-        self._downlink: list[dict[str, Any]] = []
+        self._downlink: list[tuple[int, float, bp.DownlinkEvent]] = []  # (after, t_ms, event)
         self._events: list[dict[str, Any]] = []
         self._out: list[tuple[str, float, bytes, str]] = []  # ("audio", t, payload, uid)
         timeline.add_listener(self._on_event)
@@ -119,9 +120,9 @@ class CallRecorder:
         elif self.state is RecorderState.UNDECIDED:
             self._inbound.append(_strip_token(text))
 
-    def _on_downlink(self, t_ms: float, event: dict[str, Any]) -> None:
+    def _on_downlink(self, t_ms: float, event: bp.DownlinkEvent) -> None:
         if self.state is RecorderState.RECORDING:
-            self._downlink.append({"after": len(self._inbound), "t_ms": t_ms, "event": event})
+            self._downlink.append((len(self._inbound), t_ms, event))
 
     def _on_event(self, event: dict[str, Any]) -> None:
         if self.state is RecorderState.UNDECIDED and event["type"] == "call_started":
@@ -164,8 +165,10 @@ class CallRecorder:
         folder = settings.folder / name
         folder.mkdir(parents=True, exist_ok=False)
         (folder / f"{name}.twilio.jsonl").write_text("".join(f"{x}\n" for x in self._inbound))
-        (folder / f"{name}.downlink.jsonl").write_text(
-            "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in self._downlink))
+        (folder / f"{name}.downlink.jsonl").write_text("".join(
+            json.dumps({"after": after, "t_ms": t_ms, "event": bp.encode(event)},
+                       separators=(",", ":")) + "\n"
+            for after, t_ms, event in self._downlink))
         (folder / f"{name}.events.jsonl").write_text(
             "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in self._events))
         duration = max((float(e["t_ms"]) for e in self._events), default=0.0)
@@ -190,14 +193,9 @@ class CallRecorder:
             if kind == "audio":
                 starts.setdefault(uid, t)
         audio: dict[str, bytearray] = {}
-        for d in self._downlink:
-            ev = d["event"]
-            if ev.get("type") == "audio" and ev.get("utterance_id") in starts:
-                try:
-                    audio.setdefault(str(ev["utterance_id"]), bytearray()).extend(
-                        base64.b64decode(str(ev["payload"]), validate=True))
-                except (KeyError, ValueError, binascii.Error):
-                    continue  # the call skipped it too
+        for _after, _t, ev in self._downlink:
+            if isinstance(ev, bp.Audio) and ev.utterance_id in starts:
+                audio.setdefault(ev.utterance_id, bytearray()).extend(ev.payload)
         order = sorted(starts, key=lambda u: starts[u])
         spans: list[tuple[str, float, bytes]] = []
         for i, uid in enumerate(order):
@@ -358,7 +356,12 @@ async def replay_folder(folder: Path | str, *, events_out: IO[str] | None = None
             if line.strip():
                 await session.handle_text(line)
             while nxt is not None and int(nxt["after"]) <= n:
-                await session.handle_downlink(nxt["event"])
+                try:
+                    event = bp.decode(nxt["event"])
+                except EventDecodeError as exc:  # a recording from before the protocol
+                    log.warning("replay: recorded downlink event skipped: %s", exc)
+                else:
+                    await session.handle_downlink(event)
                 nxt = next(pending, None)
             if session.ended:
                 break

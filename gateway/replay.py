@@ -21,7 +21,6 @@ inbound track matches what the gateway sent. Each turn becomes a downlink uttera
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import time
@@ -33,6 +32,7 @@ from typing import IO, Any
 import numpy as np
 
 from bus import Bus, EmbeddedBus, EmbeddedHub
+from bus import protocol as bp
 
 from . import twilio_protocol as tp
 from .audio import chunk_audio, read_wav_ulaw
@@ -290,9 +290,8 @@ async def replay(
 
 
 async def _speak(session: CallSession, turn: BotTurn) -> None:
-    await session.handle_downlink({"type": "utterance_start", "utterance_id": turn.utterance_id,
-                                   "node": turn.node, "interruptible": turn.interruptible,
-                                   "text": turn.text})
-    await session.handle_downlink({"type": "audio", "utterance_id": turn.utterance_id,
-                                   "payload": base64.b64encode(turn.audio).decode()})
-    await session.handle_downlink({"type": "utterance_end", "utterance_id": turn.utterance_id})
+    await session.handle_downlink(bp.UtteranceStart(
+        utterance_id=turn.utterance_id, node=turn.node, interruptible=turn.interruptible,
+        text=turn.text))
+    await session.handle_downlink(bp.Audio(utterance_id=turn.utterance_id, payload=turn.audio))
+    await session.handle_downlink(bp.UtteranceEnd(utterance_id=turn.utterance_id))

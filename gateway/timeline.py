@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import IO, Any
 
+from bus import protocol as bp
+
 __all__ = ["EVENT_TYPES", "Timeline"]
 
 EVENT_TYPES = frozenset(
@@ -49,7 +51,7 @@ class Timeline:
         self._keep = keep
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._samplers: list[Callable[[dict[str, Any]], None]] = []
-        self._downlink: list[Callable[[float, dict[str, Any]], None]] = []
+        self._downlink: list[Callable[[float, bp.DownlinkEvent], None]] = []
 
     def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         self._listeners.append(fn)
@@ -59,12 +61,12 @@ class Timeline:
         probabilities. They are not events: never kept, never written to the sink."""
         self._samplers.append(fn)
 
-    def add_downlink_listener(self, fn: Callable[[float, dict[str, Any]], None]) -> None:
+    def add_downlink_listener(self, fn: Callable[[float, bp.DownlinkEvent], None]) -> None:
         """Also hear each downlink event (from the worker) as the call handles it, with the
         media time: the recorder keeps them to replay the bot exactly."""
         self._downlink.append(fn)
 
-    def downlink(self, t_ms: float, event: dict[str, Any]) -> None:
+    def downlink(self, t_ms: float, event: bp.DownlinkEvent) -> None:
         for fn in self._downlink:
             fn(t_ms, event)
 

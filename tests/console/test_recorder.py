@@ -107,8 +107,7 @@ async def test_a_recorded_folder_replays_with_its_bot_turns_as_the_dev_recording
     # The live call: the dev recording's frames through a CallSession, the bot's turn
     # arriving as a worker's downlink (interleaved after the frame it follows).
     turn = load_bot_script(labels)[0]
-    import base64
-
+    from bus import protocol as bp
     from gateway.replay import recording_messages
 
     sent: list[str] = []
@@ -124,11 +123,9 @@ async def test_a_recorded_folder_replays_with_its_bot_turns_as_the_dev_recording
             recorder.inbound(line)
             await session.handle_text(line)
             if session.now_ms >= turn.start_ms and session.playback.get(turn.utterance_id) is None:
-                for ev in [{"type": "utterance_start", "utterance_id": "u1", "node": "n",
-                            "interruptible": True, "text": "hello"},
-                           {"type": "audio", "utterance_id": "u1",
-                            "payload": base64.b64encode(turn.audio).decode()},
-                           {"type": "utterance_end", "utterance_id": "u1"}]:
+                for ev in [bp.UtteranceStart(utterance_id="u1", node="n", text="hello"),
+                           bp.Audio(utterance_id="u1", payload=turn.audio),
+                           bp.UtteranceEnd(utterance_id="u1")]:
                     await session.handle_downlink(ev)
         await session.end("stop")
         await bus.aclose()

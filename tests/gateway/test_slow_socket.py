@@ -9,11 +9,11 @@ what is ready after ``max_wait_ms``), and the other calls decide exactly as they
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from typing import Any
 
 from bus import EmbeddedBus
+from bus import protocol as bp
 from gateway.call import CallSession
 from gateway.replay import recording_messages, replay
 from tests import recordings_index as rec
@@ -36,10 +36,8 @@ async def _stuck_call(engine: VadEngine, sending: asyncio.Event) -> None:
             await session.handle_text(line)
             if json.loads(line).get("event") == "media" and session.now_ms >= 1000:
                 break
-        await session.handle_downlink({"type": "utterance_start", "utterance_id": "u1",
-                                       "node": "n", "interruptible": True})
-        await session.handle_downlink({"type": "audio", "utterance_id": "u1",
-                                       "payload": base64.b64encode(b"\x10" * 16000).decode()})
+        await session.handle_downlink(bp.UtteranceStart(utterance_id="u1", node="n"))
+        await session.handle_downlink(bp.Audio(utterance_id="u1", payload=b"\x10" * 16000))
         for line in lines:  # never gets here: the pump's first send hangs
             await session.handle_text(line)
 
