@@ -5,19 +5,19 @@ and once setup awaits ``session.wait_until_complete()`` it restores any saved co
 starts two loops: uplink events become SDK events, and the graph's output becomes downlink
 utterances.
 
-Uplink (gateway -> worker; every event has ``type`` and ``eid``):
+The events and their fields are the records of ``bus.protocol``; each uplink message is decoded
+there, and one that does not decode (malformed, of an unknown type or another major version) is
+logged and acked, never fed to the graph. Uplink (gateway -> worker):
 
-* ``call_started`` -> ``system.user.joined`` (an output node with ``greeting`` speaks it)
-* ``transcript`` {text, final} with ``final`` true (or absent) -> ``agent.transcript.update``
-  (role user; each output node adds it to its context) and ``system.llm.request``
-* ``interrupt`` {utterance_id, heard_ms, heard_text, node, reason} -> the cut described below, then
-  ``SDKSystemControlInterruptEvent``
-* ``speech_started`` / ``speech_stopped`` -> ``system.user.started_speaking`` / ``stopped_speaking``
-* ``dtmf`` {digit} -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
-* ``playback`` {state, utterance_id, heard_ms}: what the caller has heard of an utterance
-  (``state`` ``playing`` at most every ``CallSettings.progress_interval_ms`` of audio heard, and
-  ``finished`` / ``interrupted`` / ``resumed``); with a lookahead it paces the responses (below)
-* ``call_ended`` -> the session stops; ``interrupt_suppressed`` is acked only.
+* ``CallStarted`` -> ``system.user.joined`` (an output node with ``greeting`` speaks it)
+* ``Transcript`` with ``final`` -> ``agent.transcript.update`` (role user; each output node adds
+  it to its context) and ``system.llm.request``; ``replaces_previous`` drops the last user turn
+* ``Interrupt`` -> the cut described below, then ``SDKSystemControlInterruptEvent``
+* ``SpeechStarted`` / ``SpeechStopped`` -> ``system.user.started_speaking`` / ``stopped_speaking``
+* ``Dtmf`` -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
+* ``Playback``: what the caller has heard of an utterance; with a lookahead it paces the
+  responses (below)
+* ``CallEnded`` -> the session stops; ``InterruptSuppressed`` is acked only.
 
 A call lost to another worker (this one stalled past its lease and the bus says
 ``OwnershipLostError``) stops here: the session is stopped, logged, and nothing more is sent,
@@ -28,17 +28,11 @@ transcript is acked only once an output node has put the user message into its c
 conversation has been saved, so a worker dying in between leaves it to be redelivered.
 
 Downlink (worker -> gateway), one utterance per response (or ``speak``) of an output node:
-
-* ``utterance_start`` {utterance_id, node, interruptible, text?} (``text`` only for ``speak``,
-  where the whole text is known up front)
-* ``audio`` {utterance_id, payload, text, text_start, text_end, audio_ms, duration_ms}: payload is
-  base64 mu-law 8 kHz; ``text`` is the chunk this audio speaks, at characters
-  [text_start, text_end) of the utterance's text; ``audio_ms`` is the cumulative audio of the
-  utterance at the end of this event and ``duration_ms`` this event's share.
-* ``utterance_end`` {utterance_id, interrupted, text}: ``text`` is everything synthesized.
-* ``hangup`` {} and ``transfer`` {to}, when a node emits ``agent.end_call`` or
-  ``agent.transfer_call``; the worker also ends or redirects the call through Twilio's REST API
-  when it was given a Twilio client.
+``UtteranceStart`` (``text`` only for ``speak``, where the whole text is known up front), an
+``Audio`` per synthesized piece (with the chunk of text it speaks and where), ``UtteranceEnd``
+(with everything synthesized); ``Hangup`` and ``Transfer`` when a node emits ``agent.end_call``
+or ``agent.transfer_call``, and the worker also ends or redirects the call through Twilio's REST
+API when it was given a Twilio client.
 
 Barge-in: for an ``interrupt`` naming an utterance of an interruptible node, the worker stops
 sending that utterance's audio, cuts the assistant message the node keeps in its context to what
@@ -74,7 +68,6 @@ node's context by node name and skips the handled eids.
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import importlib
 import logging
@@ -86,7 +79,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from bus import Bus, CallInfo, Event, OwnershipLostError
+from bus import Bus, CallInfo, Event, EventDecodeError, OwnershipLostError
+from bus import protocol as bp
 
 from ._alignment import UtteranceAlignment
 from ._call_control import CallControl, TwilioCallControl
@@ -336,7 +330,7 @@ class SessionWorker:
                     self._pump(state), name=f"output:{call.call_sid}"
                 )
             else:
-                await self._send(state, {"type": "hangup"})
+                await self._send(state, bp.Hangup())
                 await self._control(state, "end")
             await self._consume_uplink(state)
             ended_normally = True
@@ -448,13 +442,13 @@ class SessionWorker:
             if eid in state.handled:
                 await self._bus.ack(state.sid, message.id)
                 continue
-            kind = event.get("type")
-            applied = await self._on_uplink(state, event)
+            record = self._decode(state, event)
+            applied = None if record is None else await self._on_uplink(state, record)
             state.handled[eid] = None
             state.order.append(message.id)
             if applied is None:
                 state.last_eid = eid
-                if kind == "interrupt":
+                if isinstance(record, bp.Interrupt):
                     await self._save(state)  # the cut, before the ack
                 await self._bus.ack(state.sid, message.id)
             else:
@@ -464,8 +458,22 @@ class SessionWorker:
                 )
                 state.ack_tasks.add(task)
                 task.add_done_callback(state.ack_tasks.discard)
-            if kind == "call_ended":
+            if isinstance(record, bp.CallEnded):
                 return
+
+    @staticmethod
+    def _decode(state: _Call, event: Event) -> bp.UplinkEvent | None:
+        """The record of an uplink message; None (logged, then acked) when it has none."""
+        try:
+            record = bp.decode(event)
+        except EventDecodeError as exc:
+            logger.warning("call %s: uplink event skipped: %s", state.sid, exc)
+            return None
+        if not isinstance(record, bp.UplinkEvent):
+            logger.warning("call %s: downlink event %r on the uplink skipped", state.sid,
+                           record.type)
+            return None
+        return record
 
     async def _ack_when_applied(
         self, state: _Call, eid: str, message_id: str, applied: asyncio.Event
@@ -476,52 +484,47 @@ class SessionWorker:
         await self._save(state)
         await self._bus.ack(state.sid, message_id)
 
-    async def _on_uplink(self, state: _Call, event: Event) -> asyncio.Event | None:
+    async def _on_uplink(self, state: _Call, event: bp.UplinkEvent) -> asyncio.Event | None:
         """Turn one uplink event into SDK events; returns what to wait for before acking."""
         session = state.session
         if session.state is not SessionState.RUNNING:
             return None  # the agent never started: nothing to feed
-        kind = event.get("type")
-        if kind == "call_started":
-            await session.push_event(SDKSystemUserJoinedEvent())
-        elif kind == "speech_started":
-            await session.push_event(SDKSystemUserStartedSpeakingEvent())
-        elif kind == "speech_stopped":
-            await session.push_event(SDKSystemUserStoppedSpeakingEvent())
-        elif kind == "transcript":
-            text = event.get("text")
-            if not isinstance(text, str) or not text.strip() or not event.get("final", True):
-                return None
-            if event.get("replaces_previous"):  # the caller resumed: one message per turn
-                drop_last_user_turn(session.output_nodes)
-            message = SDKAgentTranscriptUpdateEvent(role="user", content=text)
-            applied = asyncio.Event()
-            message._applied = applied
-            await session.push_event(message)
-            await session.push_event(SDKSystemLLMRequestEvent())
-            return applied
-        elif kind == "interrupt":
-            await self._on_interrupt(state, event)
-        elif kind == "dtmf":
-            digit = event.get("digit")
-            if isinstance(digit, str) and digit:
-                await session.push_event(SDKSystemUserDTMFEvent(digit=digit))
-            else:
-                logger.warning("call %s: dtmf without a digit: %r", state.sid, event)
-        elif kind == "playback":
-            await self._on_playback(state, event)
-        elif kind in ("interrupt_suppressed", "call_ended"):
-            pass
-        else:
-            logger.warning("call %s: unknown uplink event %r skipped", state.sid, kind)
+        match event:
+            case bp.CallStarted():
+                await session.push_event(SDKSystemUserJoinedEvent())
+            case bp.SpeechStarted():
+                await session.push_event(SDKSystemUserStartedSpeakingEvent())
+            case bp.SpeechStopped():
+                await session.push_event(SDKSystemUserStoppedSpeakingEvent())
+            case bp.Transcript():
+                if not event.text.strip() or not event.final:
+                    return None
+                if event.replaces_previous:  # the caller resumed: one message per turn
+                    drop_last_user_turn(session.output_nodes)
+                message = SDKAgentTranscriptUpdateEvent(role="user", content=event.text)
+                applied = asyncio.Event()
+                message._applied = applied
+                await session.push_event(message)
+                await session.push_event(SDKSystemLLMRequestEvent())
+                return applied
+            case bp.Interrupt():
+                await self._on_interrupt(state, event)
+            case bp.Dtmf():
+                if event.digit:
+                    await session.push_event(SDKSystemUserDTMFEvent(digit=event.digit))
+                else:
+                    logger.warning("call %s: dtmf without a digit skipped", state.sid)
+            case bp.Playback():
+                await self._on_playback(state, event)
+            case bp.InterruptSuppressed() | bp.CallEnded():
+                pass
         return None
 
-    async def _on_playback(self, state: _Call, event: Event) -> None:
-        utterance = state.utterances.get(str(event.get("utterance_id")))
-        heard_ms = event.get("heard_ms")
-        if utterance is None or not isinstance(heard_ms, int | float) or isinstance(heard_ms, bool):
+    async def _on_playback(self, state: _Call, event: bp.Playback) -> None:
+        utterance = state.utterances.get(event.utterance_id)
+        if utterance is None:
             return
-        utterance.heard_ms = max(utterance.heard_ms, float(heard_ms))
+        utterance.heard_ms = max(utterance.heard_ms, event.heard_ms)
         await self._progressed(state)
 
     # -- pacing -----------------------------------------------------------------------------
@@ -563,8 +566,8 @@ class SessionWorker:
                     state.sid, stall_s,
                 )
 
-    async def _on_interrupt(self, state: _Call, event: Event) -> None:
-        utterance = state.utterances.get(str(event.get("utterance_id")))
+    async def _on_interrupt(self, state: _Call, event: bp.Interrupt) -> None:
+        utterance = state.utterances.get(event.utterance_id) if event.utterance_id else None
         if utterance is not None and not utterance.interruptible:
             logger.warning(
                 "call %s: interrupt for non-interruptible utterance %s (node %s) ignored",
@@ -575,7 +578,7 @@ class SessionWorker:
             return
         if utterance is None:
             logger.info(
-                "call %s: interrupt for unknown utterance %r", state.sid, event.get("utterance_id")
+                "call %s: interrupt for unknown utterance %r", state.sid, event.utterance_id
             )
         else:
             heard = self._heard_text(utterance, event)
@@ -588,13 +591,11 @@ class SessionWorker:
         await state.session.push_event(SDKSystemControlInterruptEvent())
 
     @staticmethod
-    def _heard_text(utterance: _Utterance, event: Event) -> str:
-        heard_ms = event.get("heard_ms")
-        if isinstance(heard_ms, int | float) and not isinstance(heard_ms, bool):
-            return utterance.alignment.heard_text(float(heard_ms))
-        heard_text = event.get("heard_text")
-        if isinstance(heard_text, str):
-            return heard_text
+    def _heard_text(utterance: _Utterance, event: bp.Interrupt) -> str:
+        if event.heard_ms is not None:
+            return utterance.alignment.heard_text(event.heard_ms)
+        if event.heard_text is not None:
+            return event.heard_text
         return utterance.alignment.text
 
     @staticmethod
@@ -614,10 +615,10 @@ class SessionWorker:
             elif isinstance(event, SDKAgentSpeakEvent):
                 await self._on_speak(state, event)
             elif isinstance(event, SDKAgentEndCallEvent):
-                await self._send(state, {"type": "hangup"})
+                await self._send(state, bp.Hangup())
                 await self._control(state, "end")
             elif isinstance(event, SDKAgentTransferConversationEvent):
-                await self._send(state, {"type": "transfer", "to": event.transfer_call_number})
+                await self._send(state, bp.Transfer(to=event.transfer_call_number))
                 await self._control(state, "transfer", event.transfer_call_number)
             elif isinstance(event, SDKAgentErrorEvent):
                 node = event.origin.name if event.origin else "?"
@@ -639,15 +640,12 @@ class SessionWorker:
         state.utterances[utterance.utterance_id] = utterance
         if request_id is not None:
             state.by_request[request_id] = utterance
-        start: Event = {
-            "type": "utterance_start",
-            "utterance_id": utterance.utterance_id,
-            "node": origin.name if origin is not None else "",
-            "interruptible": utterance.interruptible,
-        }
-        if text is not None:
-            start["text"] = text
-        await self._send(state, start)
+        await self._send(state, bp.UtteranceStart(
+            utterance_id=utterance.utterance_id,
+            node=origin.name if origin is not None else "",
+            interruptible=utterance.interruptible,
+            text=text,
+        ))
         return utterance
 
     async def _speak_chunk(self, state: _Call, utterance: _Utterance, text: str) -> None:
@@ -665,33 +663,25 @@ class SessionWorker:
                 return
             piece_ms = len(piece) / MULAW_BYTES_PER_MS
             audio_ms += piece_ms
-            await self._send(
-                state,
-                {
-                    "type": "audio",
-                    "utterance_id": utterance.utterance_id,
-                    "payload": base64.b64encode(piece).decode("ascii"),
-                    "text": text,
-                    "text_start": chunk.text_start,
-                    "text_end": chunk.text_end,
-                    "audio_ms": audio_ms,
-                    "duration_ms": piece_ms,
-                },
-            )
+            await self._send(state, bp.Audio(
+                utterance_id=utterance.utterance_id,
+                payload=piece,
+                text=text,
+                text_start=chunk.text_start,
+                text_end=chunk.text_end,
+                audio_ms=audio_ms,
+                duration_ms=piece_ms,
+            ))
 
     async def _end_utterance(self, state: _Call, utterance: _Utterance) -> None:
         if utterance.ended:
             return
         utterance.ended = True
-        await self._send(
-            state,
-            {
-                "type": "utterance_end",
-                "utterance_id": utterance.utterance_id,
-                "interrupted": utterance.interrupted,
-                "text": utterance.alignment.text,
-            },
-        )
+        await self._send(state, bp.UtteranceEnd(
+            utterance_id=utterance.utterance_id,
+            interrupted=utterance.interrupted,
+            text=utterance.alignment.text,
+        ))
 
     @staticmethod
     def _drop_stale(event: SDKAgentLLMResponseChunkEvent | SDKAgentSpeakEvent) -> bool:
@@ -739,8 +729,8 @@ class SessionWorker:
         await self._save(state)
 
     # -- effects ----------------------------------------------------------------------------
-    async def _send(self, state: _Call, event: Event) -> None:
-        await self._bus.send(state.sid, event)
+    async def _send(self, state: _Call, event: bp.DownlinkEvent) -> None:
+        await self._bus.send(state.sid, bp.encode(event))
 
     async def _control(self, state: _Call, action: str, to: str = "") -> None:
         if not await self._bus.holds(state.sid):
