@@ -16,8 +16,8 @@ echo gate and playback work hardest while bot audio is on the line):
 ``--bot once`` speaks only the first utterance, ``--bot never`` keeps the bot silent (the
 gateway's cheapest case: no outbound audio, no echo reference).
 
-An utterance is ``utterance_start`` / ``audio`` (base64 mu-law 8 kHz, in ``--piece-ms`` pieces,
-sent at once, as a streaming TTS faster than real time would) / ``utterance_end``.
+An utterance is ``UtteranceStart`` / ``Audio`` (mu-law 8 kHz, in ``--piece-ms`` pieces,
+sent at once, as a streaming TTS faster than real time would) / ``UtteranceEnd`` (``bus.protocol``).
 
 With ``--stt-port`` it also serves a stub OpenAI transcription endpoint (answers at once), for a
 gateway configured with hosted speech to text.
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import signal
 import sys
 from collections import Counter
 from pathlib import Path
 
-from bus import CallInfo, RedisBus
+from bus import CallInfo, EventDecodeError, RedisBus
+from bus import protocol as bp
 
 __all__ = ["main"]
 
@@ -53,11 +53,11 @@ class BenchWorker:
         self.max_bytes = int(max_audio_s * 8000)
         self.worker_id = worker_id
         self.counts: Counter[str] = Counter()
-        self._audio: dict[str, list[str]] = {}
+        self._audio: dict[str, list[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def pieces(self, name: str) -> list[str]:
-        """Base64 pieces of the recording's bot audio (cached)."""
+    def pieces(self, name: str) -> list[bytes]:
+        """Pieces of the recording's bot audio (cached)."""
         cached = self._audio.get(name)
         if cached is not None:
             return cached
@@ -70,19 +70,17 @@ class BenchWorker:
             from gateway.replay import _tone
 
             ulaw = _tone(8000.0)
-        out = [base64.b64encode(piece).decode("ascii")
-               for piece in chunk_audio(ulaw, chunk_ms=self.piece_ms)]
+        out = list(chunk_audio(ulaw, chunk_ms=self.piece_ms))
         self._audio[name] = out
         return out
 
     async def speak(self, call_sid: str, utterance_id: str, name: str) -> None:
         send = self.bus.send
-        await send(call_sid, {"type": "utterance_start", "utterance_id": utterance_id,
-                              "node": "bench", "interruptible": True, "text": ""})
+        await send(call_sid, bp.encode(bp.UtteranceStart(utterance_id=utterance_id, node="bench",
+                                                         interruptible=True, text="")))
         for payload in self.pieces(name):
-            await send(call_sid, {"type": "audio", "utterance_id": utterance_id,
-                                  "payload": payload})
-        await send(call_sid, {"type": "utterance_end", "utterance_id": utterance_id})
+            await send(call_sid, bp.encode(bp.Audio(utterance_id=utterance_id, payload=payload)))
+        await send(call_sid, bp.encode(bp.UtteranceEnd(utterance_id=utterance_id)))
         self.counts["utterances"] += 1
 
     async def handle(self, call: CallInfo) -> None:
@@ -93,18 +91,23 @@ class BenchWorker:
         self.counts["calls"] += 1
         try:
             async for msg in self.bus.uplink(sid, self.worker_id):
-                event = msg.event
-                kind = event.get("type")
-                self.counts[f"up:{kind}"] += 1
-                state = event.get("state")
+                try:
+                    event = bp.decode(msg.event)
+                except EventDecodeError as exc:
+                    self.counts["up:undecodable"] += 1
+                    print(f"bench worker: call {sid}: {exc}", file=sys.stderr)
+                    await self.bus.ack(sid, msg.id)
+                    continue
+                self.counts[f"up:{event.type}"] += 1
+                state = event.state if isinstance(event, bp.Playback) else None
                 speak = False
-                if kind == "playback" and state == "interrupted":
+                if state == "interrupted":
                     waiting_for_caller = True
-                elif kind == "speech_stopped" and waiting_for_caller:
+                elif isinstance(event, bp.SpeechStopped) and waiting_for_caller:
                     waiting_for_caller = False
                     speak = True
                 else:
-                    speak = kind == "call_started" or (kind == "playback" and state == "finished")
+                    speak = isinstance(event, bp.CallStarted) or state == "finished"
                 if speak and (self.bot == "always" or (self.bot == "once" and not spoken)):
                     spoken += 1
                     await self.speak(sid, f"u{spoken}", name)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bus import Bus, CallInfo, EmbeddedBus, EmbeddedHub, RedisBus
+from bus import protocol as bp
 
 __all__ = ["Result", "main", "measure"]
 
@@ -84,7 +85,7 @@ async def measure(
     try:
         for sid in sids:
             await gw.open_call(CallInfo(sid))
-            await gw.publish(sid, {"type": "call_started"})
+            await gw.publish(sid, bp.encode(bp.CallStarted()))
         deadline = time.monotonic() + 60
         while len(ready) < calls:  # every call claimed and its uplink live
             if time.monotonic() > deadline:
@@ -129,7 +130,8 @@ async def _drive(
         if delay > 0:
             await asyncio.sleep(delay)
         sid = sids[rng.randrange(len(sids))]
-        await gw.publish(sid, {"type": "interrupt", "utterance_id": "u", "heard_ms": n,
+        # The probe's own fields ride along as a newer minor version's would (ignored by decode).
+        await gw.publish(sid, {**bp.encode(bp.Interrupt(utterance_id="u", heard_ms=n)),
                                "measured": measured, "t0": time.perf_counter()})  # fmt: skip
         n += 1
 

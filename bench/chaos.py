@@ -55,6 +55,9 @@ from typing import Any
 
 import aiohttp
 
+from bus import EventDecodeError
+from bus import protocol as bp
+
 from ._loadgen import MEDIA, Recording, load_recording, percentile
 
 __all__ = ["Fault", "main", "schedule"]
@@ -416,13 +419,18 @@ class Callers:
                         last[sid] = mid
                         if call is None or b"e" not in fields:
                             continue
-                        event = json.loads(fields[b"e"])
-                        text = event.get("text") or ""
-                        if event.get("type") != "utterance_start" or not text.startswith(ANSWER):
+                        wire = json.loads(fields[b"e"])
+                        try:
+                            event = bp.decode(wire)
+                        except EventDecodeError:
+                            continue  # the gateway skips it too
+                        if not isinstance(event, bp.UtteranceStart):
                             continue
-                        if event.get("eid") in call.eids:
+                        text = event.text or ""
+                        eid = wire.get("eid")  # the bus's envelope: a re-sent copy has the same
+                        if not text.startswith(ANSWER) or eid in call.eids:
                             continue
-                        call.eids.add(event.get("eid"))
+                        call.eids.add(eid)
                         call.answers.append(text)
                         call.answer_at.append(now)
                         call.answered.set()

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import dataclasses
 import hashlib
 import json
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bus import protocol as bp
 from linesim import Condition, ConditionError, SimCall, VoiceLibrary, grid, iter_calls, scoring
 
 __all__ = [
@@ -245,12 +245,10 @@ async def _replay_closed(call: SimCall, settings: Any, engine: Any) -> list[dict
             await deliver(playout.advance(t))
             while turns and turns[0].start_ms <= t + 10:
                 turn = turns.pop(0)
-                for event in ({"type": "utterance_start", "utterance_id": turn.utterance_id,
-                               "node": turn.node, "interruptible": turn.interruptible,
-                               "text": turn.text},
-                              {"type": "audio", "utterance_id": turn.utterance_id,
-                               "payload": base64.b64encode(turn.audio).decode()},
-                              {"type": "utterance_end", "utterance_id": turn.utterance_id}):
+                for event in (bp.UtteranceStart(utterance_id=turn.utterance_id, node=turn.node,
+                                                interruptible=turn.interruptible, text=turn.text),
+                              bp.Audio(utterance_id=turn.utterance_id, payload=turn.audio),
+                              bp.UtteranceEnd(utterance_id=turn.utterance_id)):
                     await session.handle_downlink(event)
                 await deliver([])
             # What Twilio plays in [t, t + 20): audio only ever starts on a frame boundary (it

@@ -121,6 +121,7 @@ from ._errors import (
     OwnershipLostError,
 )
 from ._retry import Op, OutboundBuffer, is_critical, make_backoff, make_retry
+from .protocol import CallEnded, encode
 
 __all__ = ["RedisBus"]
 
@@ -1683,7 +1684,7 @@ class RedisBus(Bus):
                     "ending the call (call_ended, reason gateway_lost)",
                     self.bus_id, sid, owned.gateway, missing_s)  # fmt: skip
         self._remember_closed(sid)
-        event = json.dumps({"type": "call_ended", "reason": "gateway_lost", "eid": f"{sid}-gateway-lost"},
+        event = json.dumps(encode(CallEnded(reason="gateway_lost"), eid=f"{sid}-gateway-lost"),
                            separators=(",", ":"))  # fmt: skip
         up, down, ttl = self._key(sid, "up"), self._key(sid, "down"), self._dead_call_ttl
         self._enqueue(

@@ -117,7 +117,8 @@ async def test_a_dead_gateway_s_calls_are_ended_by_their_worker(redis_server: Re
             assert gw._gateway_task is not None
             await _cancel(gw._gateway_task)
             await asyncio.wait_for(task, 10)  # the uplink ended
-            assert events[-1] == {"type": "call_ended", "reason": "gateway_lost", "eid": "CA1-gateway-lost"}
+            assert bp.decode(events[-1]) == bp.CallEnded(reason="gateway_lost")
+            assert events[-1]["eid"] == "CA1-gateway-lost"
             assert wk.stats()["calls_ended_gateway_lost"] == 1
             assert await raw.get("cgf:{CA1}:owner") == b"!closed"
             ttls = [await raw.ttl(f"cgf:{{CA1}}:{k}") for k in ("up", "down", "ctx", "owner", "fence")]
