@@ -25,7 +25,7 @@ from ._errors import (
 )
 from ._redis import RedisBus
 from ._retry import CRITICAL_TYPES, is_critical
-from . import protocol
+from . import protocol  # noqa: F401 (bus.protocol: the events, used as a module)
 
 __all__ = [
     "CRITICAL_TYPES",
@@ -48,7 +48,6 @@ __all__ = [
     "VersionMismatchError",
     "is_critical",
     "make_bus",
-    "protocol",
 ]
 
 

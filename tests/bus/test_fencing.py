@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bus import BusMessage, CallInfo, OwnershipLostError, RedisBus
+from bus import protocol as bp
 from bus._redis import _cancel
 from tests.redis_server import RedisServer
 
