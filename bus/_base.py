@@ -1,22 +1,18 @@
 """The bus between gateways and session workers: the one seam where gateway/ and nodes/ meet.
 
-A call has two ordered streams of events:
-
-* **uplink** (gateway -> worker): what happened on the line: ``call_started``, ``speech_started``,
-  ``speech_stopped``, ``interrupt``, ``interrupt_suppressed``, ``transcript``, ``dtmf``,
-  ``playback`` (what the caller has heard, from Twilio marks), ``call_ended``.
-* **downlink** (worker -> gateway): what the bot says and does: ``utterance_start``
-  {utterance_id, node, interruptible, text}, ``audio`` {utterance_id, payload: base64 mu-law
-  8 kHz}, ``utterance_end`` {utterance_id}, ``hangup``, ``transfer`` {to}.
+A call has two ordered streams of events: **uplink** (gateway -> worker: what happened on the
+line) and **downlink** (worker -> gateway: what the bot says and does). What they carry is
+``bus.protocol``'s records, encoded to JSON-able objects with a ``type``; the bus itself reads
+only ``type`` (``is_critical``, logs) and ``eid``.
 
 New calls are announced on a pool-wide stream that workers consume as a group, so each call is
 owned by exactly one worker at a time. Delivery is at least once: every event carries an ``eid``
 unique within its call, and consumers drop ids they have already handled.
 
-Events are plain JSON-able dicts with a ``type`` key; the bus adds ``eid`` when absent
-(``<bus_id>-<seq>``). A publisher that may re-send an event after a crash (a worker that took a
-call over re-speaking an utterance) can set its own deterministic ``eid`` so the other side
-drops the copy. Consumers receive a JSON round-trip of what was published (tuples become lists).
+The bus adds ``eid`` when absent (``<bus_id>-<seq>``). A publisher that may re-send an event
+after a crash (a worker that took a call over re-speaking an utterance) can set its own
+deterministic ``eid`` (``protocol.encode(event, eid=...)``) so the other side drops the copy.
+Consumers receive a JSON round-trip of what was published (tuples become lists).
 
 Exactly-once handling across a worker crash: an ``uplink()`` never yields the same message (or
 ``eid``) twice within one bus instance. A worker that takes a call over gets the unacked messages

@@ -3,10 +3,14 @@ that names the field, versions interoperate by the documented rule, and both bus
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import re
+import subprocess
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -219,3 +223,70 @@ async def test_both_buses_carry_every_event(make_bus: Any) -> None:
     assert [bp.decode(m.event) for m in got_up] == up
     assert [bp.decode(m.event) for m in got_down] == down
     await gw.close_call("CA1")
+
+
+# --- one module: nothing else builds a bus event by hand ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+BUS_TYPES = frozenset(bp.UPLINK_TYPES + bp.DOWNLINK_TYPES)
+_CARRIERS = frozenset({"publish", "send", "handle_downlink"})  # what takes a bus event
+
+
+def hand_built_events(source: str) -> list[tuple[int, str]]:
+    """(line, why) for each bus event built as a dict: a literal (or ``dict(type=...)``) whose
+    ``type`` is a bus event's, or any dict with a ``type`` handed to publish/send/handle_downlink."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if (isinstance(key, ast.Constant) and key.value == "type"
+                        and isinstance(value, ast.Constant) and value.value in BUS_TYPES):
+                    found.append((node.lineno, f"a {value.value!r} event as a dict literal"))
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(
+                node.func, "id", "")
+            if name == "dict":
+                for kw in node.keywords:
+                    if (kw.arg == "type" and isinstance(kw.value, ast.Constant)
+                            and kw.value.value in BUS_TYPES):
+                        found.append((node.lineno, f"a {kw.value.value!r} event as dict(...)"))
+            if name in _CARRIERS:
+                for arg in node.args:
+                    if isinstance(arg, ast.Dict) and any(
+                            isinstance(k, ast.Constant) and k.value == "type" for k in arg.keys):
+                        found.append((node.lineno, f"a dict with a type handed to {name}()"))
+    return sorted(set(found))
+
+
+def test_the_checker_finds_hand_built_events() -> None:
+    source = '''
+bus.publish(sid, {"type": "interrupt", "utterance_id": "u"})
+x = dict(type="audio", payload="")
+await self._bus.publish(sid, {"type": type_, "t_ms": now})
+timeline.emit({"type": "barge_in"})  # a timeline event: another vocabulary
+bus.publish(sid, bp.encode(bp.Dtmf(digit="1")))
+'''
+    assert sorted({line for line, _ in hand_built_events(source)}) == [2, 3, 4]
+
+
+def test_no_bus_event_is_built_by_hand_outside_the_protocol_module() -> None:
+    """Production code (everything but tests/) builds bus events only as ``bus.protocol`` records."""
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert "bus/protocol.py" in files
+    offenders = [f"{path}:{line}: {why}"
+                 for path in files if not path.startswith("tests/") and path != "bus/protocol.py"
+                 for line, why in hand_built_events((ROOT / path).read_text())]
+    assert offenders == []
+
+
+def test_the_architecture_table_is_the_records() -> None:
+    """docs/architecture.md lists every event, one line each: the record's name, its way and
+    the first line of its docstring."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (up|down) \| `(\w+)` \| (.+) \|$", text, re.MULTILINE)
+    expected = [(_tag(cls), way, cls.__name__,
+                 (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`"))
+                for way, alias in (("up", bp.UplinkEvent), ("down", bp.DownlinkEvent))
+                for cls in typing.get_args(alias)]
+    assert rows == expected
