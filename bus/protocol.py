@@ -84,6 +84,7 @@ __all__ = [
     "UtteranceStart",
     "decode",
     "encode",
+    "json_kind",
 ]
 
 PROTOCOL_VERSION: Final = (1, 0)
@@ -311,7 +312,9 @@ def _fail(where: str, reason: str) -> NoReturn:
     raise EventDecodeError(f"{where} {reason}", field=where)
 
 
-def _kind(value: object) -> str:
+def json_kind(value: object) -> str:
+    """How an error message names the kind of a JSON value (``"a string"``, ``"null"``...);
+    ``gateway.twilio_protocol`` words its errors with it too."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -329,25 +332,25 @@ def _kind(value: object) -> str:
 
 def _read_str(value: object, where: str) -> str:
     if not isinstance(value, str):
-        _fail(where, f"must be a string, got {_kind(value)}")
+        _fail(where, f"must be a string, got {json_kind(value)}")
     return value
 
 
 def _read_bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
-        _fail(where, f"must be a boolean, got {_kind(value)}")
+        _fail(where, f"must be a boolean, got {json_kind(value)}")
     return value
 
 
 def _read_int(value: object, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        _fail(where, f"must be an integer, got {_kind(value)}")
+        _fail(where, f"must be an integer, got {json_kind(value)}")
     return value
 
 
 def _read_float(value: object, where: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
-        _fail(where, f"must be a number, got {_kind(value)}")
+        _fail(where, f"must be a number, got {json_kind(value)}")
     try:
         number = float(value)
     except OverflowError:
@@ -368,7 +371,7 @@ def _read_bytes(value: object, where: str) -> bytes:
 def _literal(allowed: tuple[str, ...]) -> _Reader:
     def read(value: object, where: str) -> str:
         if value not in allowed:
-            text = repr(value) if isinstance(value, str) else _kind(value)
+            text = repr(value) if isinstance(value, str) else json_kind(value)
             _fail(where, f"must be one of {', '.join(allowed)}; got {text:.80}")
         return typing.cast(str, value)
     return read
@@ -456,7 +459,7 @@ def _version(obj: Mapping[str, Any], kind: str) -> None:
     major, dot, minor = v.partition(".") if isinstance(v, str) else ("", "", "")
     if not (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()
             and len(v) <= 16):
-        text = repr(v) if isinstance(v, str) else _kind(v)
+        text = repr(v) if isinstance(v, str) else json_kind(v)
         _fail(f"{kind}.v", f"must be a version \"MAJOR.MINOR\", got {text:.40}")
     if int(major) != PROTOCOL_VERSION[0]:
         raise VersionMismatchError(
@@ -486,12 +489,12 @@ def decode(raw: Mapping[str, Any] | str | bytes) -> BusEvent:
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, huge ints
             raise EventDecodeError(f"event is not JSON: {str(exc):.120}", field="") from exc
     if not isinstance(obj, Mapping):
-        raise EventDecodeError(f"an event is a JSON object, not {_kind(obj)}", field="")
+        raise EventDecodeError(f"an event is a JSON object, not {json_kind(obj)}", field="")
     kind = obj.get("type", _MISSING)
     if not isinstance(kind, str) or not kind:
         if kind is _MISSING:
             _fail("type", "is missing")
-        _fail("type", f"must be a non-empty string, got {_kind(kind)}")
+        _fail("type", f"must be a non-empty string, got {json_kind(kind)}")
     _version(obj, kind)
     entry = _BY_TYPE.get(kind)
     if entry is None:

@@ -48,6 +48,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NoReturn, TypeAlias
 
+from bus.protocol import json_kind as _kind
+
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DTMF_DIGITS",
@@ -303,22 +305,6 @@ def _bad(where: str, key: str, expected: str, value: object) -> NoReturn:
     if value is _MISSING:
         _fail(f"{where}{key} is missing")
     _fail(f"{where}{key} must be {expected}, got {_kind(value)}")
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
 
 
 def _obj(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
