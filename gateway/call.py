@@ -474,7 +474,7 @@ class CallSession:
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return
-        extra: dict[str, Any] = {"dropped": reason} if dropped else {}  # the timeline's
+        extra: dict[str, Any] = {"dropped": reason} if dropped else {}
         if self._carry_text and not dropped:
             # The caller went on before this came back: it is the start of a longer turn.
             self._carry_text = False
@@ -488,9 +488,8 @@ class CallSession:
             extra["replaces_previous"] = True
         self.emit("transcript", text=text, final=True, **extra)
         if text and not dropped:
-            await self.publish(bp.Transcript(text=text, final=True,
-                                             replaces_previous=bool(extra.get("replaces_previous")),
-                                             t_ms=self.now_ms))
+            await self.publish(bp.Transcript(text=text, final=True, t_ms=self.now_ms,
+                                             replaces_previous="replaces_previous" in extra))
             self._unanswered = text
             self._turn_end_ms = self.now_ms
 
