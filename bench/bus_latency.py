@@ -25,9 +25,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from bus import Bus, CallInfo, EmbeddedBus, EmbeddedHub, RedisBus
+
+if TYPE_CHECKING:
+    from tests.redis_server import RedisServer
 
 __all__ = ["Result", "main", "measure"]
 
@@ -180,7 +184,7 @@ async def _run(args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def _redis() -> tuple[str | None, object | None]:
+def _redis() -> tuple[str | None, RedisServer | None]:
     if shutil.which("redis-server"):
         from tests.redis_server import RedisServer  # the one helper that runs redis-server
 
