@@ -61,7 +61,7 @@ class BenchWorker:
         cached = self._audio.get(name)
         if cached is not None:
             return cached
-        from gateway.audio import chunk_audio, read_wav_ulaw
+        from audio import chunk_audio, read_wav_ulaw
 
         path = self.recordings / f"{name}.bot.wav"
         if name and "/" not in name and path.exists():

@@ -72,11 +72,11 @@ class Recording:
 
 
 def load_recording(folder: Path, name: str) -> Recording:
-    from gateway.audio import read_wav_ulaw
+    from audio import FRAME_BYTES, read_wav_ulaw
 
     ulaw = read_wav_ulaw(folder / f"{name}.wav")
-    payloads = [base64.b64encode(ulaw[i : i + 160]).decode("ascii")
-                for i in range(0, len(ulaw) - 159, 160)]
+    payloads = [base64.b64encode(ulaw[i : i + FRAME_BYTES]).decode("ascii")
+                for i in range(0, len(ulaw) - FRAME_BYTES + 1, FRAME_BYTES)]
     onset = None
     labels = folder / f"{name}.json"
     if labels.exists():

@@ -58,9 +58,7 @@ class OpenAIStub:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self._runner.addresses[0][1]
         self.base_url = f"http://127.0.0.1:{port}/v1"
         return self
 
@@ -124,7 +122,9 @@ def _closing(resp: _R) -> _R:
 
 def _buzz(seconds: float) -> bytes:
     t = np.arange(int(24000 * seconds)) / 24000
-    x = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 10))
+    x = np.zeros(len(t))
+    for k in range(1, 10):
+        x += np.sin(2 * np.pi * 140 * k * t) / k
     x = 0.2 * x / np.max(np.abs(x)) if len(x) else x
     return (np.asarray(x) * 32767).astype("<i2").tobytes()
 

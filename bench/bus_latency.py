@@ -25,10 +25,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from bus import Bus, CallInfo, EmbeddedBus, EmbeddedHub, RedisBus
 from bus import protocol as bp
+
+if TYPE_CHECKING:
+    from tests.redis_server import RedisServer
 
 __all__ = ["Result", "main", "measure"]
 
@@ -182,7 +186,7 @@ async def _run(args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def _redis() -> tuple[str | None, object | None]:
+def _redis() -> tuple[str | None, RedisServer | None]:
     if shutil.which("redis-server"):
         from tests.redis_server import RedisServer  # the one helper that runs redis-server
 

@@ -29,12 +29,15 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from bus import protocol as bp
 
 from ._loadgen import MARK, MEDIA, LeanPlayout, _b64_len
 from .load import RECORDINGS, recording_names
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 __all__ = ["main", "measure"]
 
@@ -43,16 +46,16 @@ UTTERANCE_S = 10
 PIECE_MS = 200
 
 
-class _Timed:
+class _Timed(Generic[_P, _R]):
     """Adds the CPU time of calls to ``fn`` to ``self.seconds`` (not re-entrant: fine here)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[_P, _R]) -> None:
         self.fn, self.seconds = fn, 0.0
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         t = time.process_time()
         try:
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
         finally:
             self.seconds += time.process_time() - t
 
@@ -67,7 +70,7 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
     ``bot_silent``: the bot never talks (what an echo canceller costs a call it cannot help)."""
     from bus import EmbeddedBus
     from gateway import twilio_protocol as tp
-    from gateway.audio import read_wav_ulaw
+    from audio import FRAME_BYTES, TELEPHONY_RATE, ULAW_BYTES_PER_MS, ULAW_SILENCE, read_wav_ulaw
     from gateway.call import CallSession
     from vad import VadEngine
 
@@ -76,12 +79,13 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
     bot_of: dict[str, list[bytes]] = {}
     for name in names:
         ulaw = read_wav_ulaw(recordings / f"{name}.wav")
-        frames_of[name] = [base64.b64encode(ulaw[i : i + 160]).decode()
-                           for i in range(0, len(ulaw) - 159, 160)]
+        frames_of[name] = [base64.b64encode(ulaw[i : i + FRAME_BYTES]).decode()
+                           for i in range(0, len(ulaw) - FRAME_BYTES + 1, FRAME_BYTES)]
         bot_path = recordings / f"{name}.bot.wav"
-        bot = read_wav_ulaw(bot_path) if bot_path.exists() else b"\xff" * 8000
-        bot = (bot * (UTTERANCE_S * 8000 // max(1, len(bot)) + 1))[: UTTERANCE_S * 8000]
-        step = PIECE_MS * 8
+        bot = read_wav_ulaw(bot_path) if bot_path.exists() else ULAW_SILENCE * TELEPHONY_RATE
+        size = UTTERANCE_S * TELEPHONY_RATE
+        bot = (bot * (size // max(1, len(bot)) + 1))[:size]
+        step = PIECE_MS * ULAW_BYTES_PER_MS
         bot_of[name] = [bot[i : i + step] for i in range(0, len(bot), step)]
 
     engine = VadEngine(runtime=runtime, max_wait_ms=max_wait_ms)  # type: ignore[arg-type]

@@ -397,20 +397,24 @@ class Callers:
         """Every answer on the live calls' downlinks, one per event id (as the gateway dedups)."""
         from redis.asyncio import Redis
         from redis.exceptions import RedisError
+        from redis.typing import KeyT, StreamIdT
 
         raw = Redis.from_url(self.system.redis.url, socket_timeout=5)
         last: dict[str, bytes] = {}
         try:
             while not (self.stopping and not self.live):
-                keys = {c.down_key: last.get(c.sid, b"0-0") for c in list(self.live.values())}
+                keys: dict[KeyT, StreamIdT] = {
+                    c.down_key: last.get(c.sid, b"0-0") for c in list(self.live.values())
+                }
                 if not keys:
                     await asyncio.sleep(0.1)
                     continue
                 try:
-                    got = await raw.xread(keys, count=500, block=200)  # type: ignore[arg-type]
+                    got = await raw.xread(keys, count=500, block=200)
                 except (RedisError, OSError):
                     await asyncio.sleep(0.2)  # Redis down: the faults do that; read on after
                     continue
+                assert isinstance(got, list)  # RESP2 (the client's default): [[key, entries]]
                 now = time.monotonic()
                 for key, entries in got:
                     sid = key.decode().split("{")[1].split("}")[0]
@@ -457,7 +461,7 @@ class Chaos:
         print(f"  [{entry['t_s']:7.1f}s] {what} {' '.join(f'{k}={v}' for k, v in kw.items())}",
               flush=True)
 
-    async def owners(self, sids: list[str]) -> dict[str, bytes | None]:
+    async def owners(self, sids: list[str]) -> dict[str, bytes | str | None]:
         from redis.asyncio import Redis
 
         raw = Redis.from_url(self.system.redis.url, socket_timeout=2)

@@ -180,8 +180,8 @@ def objective(s: dict[str, Any]) -> float:
     fse = s["echo_only_false_stops"] / max(1, s["echo_only_calls"])
     p50 = s["latency_p50_ms"] or 1500.0
     p95 = s["latency_p95_ms"] or 1500.0
-    return 3.0 * det - fs - 2.0 * fse - 0.5 * max(0.0, p50 - 100.0) / 100.0 \
-        - 0.25 * max(0.0, p95 - 250.0) / 250.0
+    return float(3.0 * det - fs - 2.0 * fse - 0.5 * max(0.0, p50 - 100.0) / 100.0
+                 - 0.25 * max(0.0, p95 - 250.0) / 250.0)
 
 
 # The echo veto's values before any fit (hand-set on the dev set and a few synthetic echo calls):

@@ -193,7 +193,7 @@ async def _replay_closed(call: SimCall, settings: Any, engine: Any) -> list[dict
     change that)."""
     from bus import EmbeddedBus, EmbeddedHub
     from gateway import twilio_protocol as tp
-    from gateway.audio import ulaw_to_float32
+    from audio import ulaw_to_float32
     from gateway.call import CallSession
     from gateway.timeline import Timeline
     from gateway.twilio_sim import TwilioPlayout

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from audio import TELEPHONY_RATE, read_wav_ulaw, ulaw_to_float32
 from vad import BargeInPolicy, BotState, EchoGateSettings, PolicyState, VadEngine
 from vad._turn import ProsodyWeights, TurnDecision, TurnDetector, TurnSettings
 
@@ -54,7 +54,7 @@ VOICE_SPLIT = {
 }
 PAUSES_MS = (200, 350, 500, 750, 1000, 1500)
 TAIL_MS = 3500
-RATE = 8000
+RATE = TELEPHONY_RATE
 Floats = npt.NDArray[np.float32]
 
 
@@ -170,7 +170,10 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case
                 for d in PAUSES_MS:
                     ins = _noise(d, level, rng)
                     a = np.concatenate([clip[:cut], ins, clip[cut:], _noise(TAIL_MS, level, rng)])
-                    shift = lambda t, c=cut, d=d: t + d if t * 8 >= c else t  # noqa: E731
+
+                    def shift(t: float, c: int = cut, d: float = d) -> float:
+                        return t + d if t * 8 >= c else t
+
                     ps = [(shift(p0), shift(p1)) for p0, p1 in pauses]
                     ps.append((cut / 8, cut / 8 + d))
                     cases.append(Case(f"{name}@cut{ci}+{d}", voice, a, end / 8 - start / 8 + d,
@@ -183,7 +186,7 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case
 def _espeak_cases(rng: np.random.Generator) -> list[Case]:
     from speech import EspeakSynthesizer
 
-    out = []
+    out: list[Case] = []
     try:
         synth = EspeakSynthesizer(voice="en-gb-scotland+m4")
     except Exception as exc:  # noqa: BLE001 - eSpeak missing only drops these cases
@@ -234,9 +237,9 @@ turn_likely before it, or the end itself)."""
 
 
 def detector_method(settings: TurnSettings) -> Method:
-    def run(sc: Scored) -> list[float]:
+    def run(sc: Scored) -> list[tuple[float, float]]:
         det = TurnDetector(settings)
-        ends = []
+        ends: list[tuple[float, float]] = []
         likely: float | None = None
         for k, speech in enumerate(sc.speech):
             end = (k + 1) * 256

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from gateway.audio import read_wav_ulaw, ulaw_to_float32
 from gateway.call import CallSettings
+from audio import read_wav_ulaw, ulaw_to_float32
 from vad._engine import VadEngine
 from vad._silero import (
     INPUT_SAMPLES,

@@ -100,7 +100,7 @@ import warnings
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from urllib.parse import unquote, urlsplit
 
@@ -112,6 +112,7 @@ from redis.exceptions import AskError, ClusterDownError, MasterDownError, MovedE
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import KeyT, StreamIdT
 
 from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
 from ._errors import (
@@ -148,6 +149,8 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     *_CLUSTER_ERRORS,
 )
+_CONNECTION_OR_TIMEOUT: tuple[type[BaseException], ...] = (*_CONNECTION_ERRORS, asyncio.TimeoutError)
+_CONNECTION_OR_REPLY: tuple[type[BaseException], ...] = (*_CONNECTION_ERRORS, ResponseError)
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
@@ -667,7 +670,7 @@ class RedisBus(Bus):
         if self._state is not _State.OPEN:
             raise BusClosedError("the bus is closed")
         assert self._redis is not None
-        return self._redis
+        return cast(Redis, self._redis)  # or a RedisCluster: typed by the commands they share
 
     def _check_open(self) -> None:
         if self._state is not _State.OPEN:
@@ -685,7 +688,8 @@ class RedisBus(Bus):
         assert self._closing is not None
         task = asyncio.ensure_future(aw)
         try:
-            await asyncio.wait({task, self._closing}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {task, self._closing}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             await _cancel(task)  # before the caller closes the connection it runs on
             raise
@@ -763,7 +767,7 @@ class RedisBus(Bus):
                 )  # fmt: skip
         try:
             await asyncio.wait_for(pipe.execute(raise_on_error=False), self._socket_timeout)
-        except (*_CONNECTION_ERRORS, asyncio.TimeoutError) as exc:
+        except _CONNECTION_OR_TIMEOUT as exc:
             log.warning("bus %s: could not hand back %d calls: %s", self.bus_id, len(self._owned), exc)
         self._owned.clear()
 
@@ -1193,7 +1197,7 @@ class RedisBus(Bus):
         while self._state is _State.OPEN:
             try:
                 reply = await redis.xreadgroup(GROUP, worker_id, {shard: ">"}, count=self._claim_batch, block=block)
-            except (*_CONNECTION_ERRORS, ResponseError) as exc:
+            except _CONNECTION_OR_REPLY as exc:
                 if isinstance(exc, ResponseError) and _err_code(exc) == "NOGROUP":
                     with contextlib.suppress(*_CONNECTION_ERRORS):
                         await self._create_groups(redis, [shard])
@@ -1383,13 +1387,13 @@ class RedisBus(Bus):
 
     async def _history(
         self, redis: Redis, call_sid: str, worker_id: str, token: str
-    ) -> tuple[str | None, str | None, list[tuple[bytes, dict[bytes, bytes]]] | None]:
+    ) -> tuple[str | None, str | None, list[tuple[bytes, dict[bytes, bytes] | None]] | None]:
         """The context's ``through`` mark, the call's gateway, and every pending uplink message
         of the call (an earlier owner's or ours), moved to ``worker_id`` under its lease
         (``token``), in id order; None for the messages when the lease is no longer ours."""
         up = self._key(call_sid, "up")
         through, gateway = await redis.hmget(self._key(call_sid, "ctx"), ["through", "gw"])
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+        entries: list[tuple[bytes, dict[bytes, bytes] | None]] = []  # None: a deleted entry
         cursor: str = "0-0"
         keys = [self._key(call_sid, "owner"), self._key(call_sid, "fence"), up]
         while True:
@@ -1820,7 +1824,7 @@ class _Shard:
                         for key in keys:
                             low = min(s.last for s in self.subs[key])
                             streams[key] = f"{low[0]}-{low[1]}"
-                        reply = await client.xread(streams, count=256, block=bus._block_ms)
+                        reply = _stream_reply(await client.xread(streams, count=256, block=bus._block_ms))
                     else:
                         if need_groups:
                             # First run, or Redis lost its data: (re)create the groups we read.
@@ -1832,7 +1836,7 @@ class _Shard:
                             await self._resync(client, consumer, keys)
                             resync = False
                         reply = await self._read_new(client, consumer, keys)
-                except (*_CONNECTION_ERRORS, ResponseError) as exc:
+                except _CONNECTION_OR_REPLY as exc:
                     if isinstance(exc, ResponseError) and not _is_reroute(exc):
                         if _err_code(exc) != "NOGROUP":
                             raise
@@ -1971,22 +1975,22 @@ class _Shard:
     async def _resync(self, client: Redis, consumer: str, keys: list[bytes]) -> None:
         """After a reconnect: re-read our pending entries past what each inbox got, because a
         reply lost with the connection may have delivered (and so hidden) some."""
-        positions = {}
+        positions: dict[KeyT, StreamIdT] = {}
         for key in keys:
             low = min(s.last for s in self.subs[key])
             positions[key] = f"{low[0]}-{low[1]}"
         while positions:
             try:
-                reply = await client.xreadgroup(GROUP, consumer, dict(positions), count=256)
+                reply = _stream_reply(await client.xreadgroup(GROUP, consumer, dict(positions), count=256))
             except ResponseError as exc:
                 if _err_code(exc) != "NOGROUP":
                     raise
                 return  # the groups are gone (Redis lost its data): nothing pending to re-read
-            progressed = {}
-            for key, entries in reply or []:
+            progressed: dict[KeyT, StreamIdT] = {}
+            for key, entries in reply:
                 if entries and key in positions:
                     progressed[key] = _sid(entries[-1][0])
-            self._dispatch(reply or [])
+            self._dispatch(reply)
             positions = {k: v for k, v in progressed.items() if k in self.subs}
 
 
@@ -2027,9 +2031,9 @@ def _stream_reply(raw: Any) -> list[Any]:
     if raw is None:
         return []
     pairs = raw.items() if isinstance(raw, dict) else raw
-    out = []
+    out: list[tuple[Any, list[tuple[Any, dict[Any, Any] | None]]]] = []
     for key, entries in pairs:
-        parsed = []
+        parsed: list[tuple[Any, dict[Any, Any] | None]] = []
         for entry_id, flat in entries:
             if flat is None:
                 parsed.append((entry_id, None))

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr
 
 if TYPE_CHECKING:
-    from ._schema import AgentConfig, BargeInConfig, Config
+    from ._schema import AgentConfig, BargeInConfig, Config, LLMConfig, STTConfig, TTSConfig
 
 __all__ = ["render_summary"]
 
@@ -116,8 +116,8 @@ def render_summary(cfg: Config) -> str:
         lines.append(f"  redis: {_hide_password(cfg.bus.redis_url)}")
 
     lines.append("numbers:")
-    for number, agent in cfg.numbers.items():
-        lines.append(f"  {number} -> {agent}")
+    for number, agent_name in cfg.numbers.items():
+        lines.append(f"  {number} -> {agent_name}")
     lines.append(f"  any other number -> {cfg.default_agent}")
 
     lines.append("agents:")
@@ -128,7 +128,7 @@ def render_summary(cfg: Config) -> str:
     lines.append(f"  twilio.auth_token: {_secret(twilio.auth_token)}")
     for agent in cfg.agents.values():
         for part_name in ("llm", "stt", "tts"):
-            part = getattr(agent, part_name)
+            part: LLMConfig | STTConfig | TTSConfig | None = getattr(agent, part_name)
             if part is None:
                 continue
             needed = part.provider == "openai"
@@ -153,7 +153,7 @@ def _warnings(cfg: Config) -> list[str]:
         )
     for agent in cfg.agents.values():
         for part_name in ("llm", "stt", "tts"):
-            part = getattr(agent, part_name)
+            part: LLMConfig | STTConfig | TTSConfig | None = getattr(agent, part_name)
             if part is not None and part.provider == "openai" and part.api_key is None:
                 out.append(
                     f"agents.{agent.name}.{part_name}: provider openai without api_key "

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from audio import TELEPHONY_RATE, ulaw_to_float32, ulaw_to_pcm16
 from bus import Bus, CallInfo, EventDecodeError
 from bus import protocol as bp
 from vad import (
@@ -48,7 +49,6 @@ from vad import (
 from vad._turn import TurnDecision, TurnDetector, TurnSettings
 
 from . import twilio_protocol as tp
-from .audio import TELEPHONY_RATE, ulaw_to_float32, ulaw_to_pcm16
 from .logs import RateLimitedLog
 from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
 from .timeline import Timeline

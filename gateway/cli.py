@@ -22,7 +22,8 @@ __all__ = ["main"]
 
 def _agent_from_config(args: argparse.Namespace) -> dict[str, object]:
     """Without a bot script the configured agent runs: an in-process worker (process
-    composition, as in `serve`; the gateway modules themselves never import nodes/)."""
+    composition, as in `serve`: only the command-line layer, this module and
+    :mod:`gateway.launch`, imports nodes/)."""
     from config import ConfigHolder
     from nodes import check_agents, run_worker
 
@@ -95,9 +96,9 @@ def _settings_from_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from audio import TELEPHONY_RATE, AudioError
     from config import ConfigError
 
-    from .audio import AudioError
     from .replay import ReplayError, load_bot_script, replay
     from .report import ReportCollector, inbound_audio
 
@@ -117,7 +118,7 @@ def _replay(args: argparse.Namespace) -> int:
             timeline, playout = asyncio.run(
                 replay(args.recording, bot_script=turns, realtime=args.realtime,
                        speed=args.speed, timeline=report.timeline(sink=out),
-                       **extra)  # type: ignore[arg-type]
+                       **extra)
             )
         finally:
             if out is not None:
@@ -135,24 +136,24 @@ def _replay(args: argparse.Namespace) -> int:
         counts[e["type"]] = counts.get(e["type"], 0) + 1
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     print(f"replayed {args.recording}: {summary}; bot audio played "
-          f"{playout.stats.played_bytes / 8000:.2f} s, clears {playout.stats.clears}")
+          f"{playout.stats.played_bytes / TELEPHONY_RATE:.2f} s, clears {playout.stats.clears}")
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import serve
+    from .launch import serve
 
     return serve(args)
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from .server import run_worker
+    from .launch import run_worker
 
     return run_worker(args)
 
 
 def _call(args: argparse.Namespace) -> int:
-    from .audio import AudioError
+    from audio import AudioError
     from .client import run_call
 
     try:

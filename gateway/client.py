@@ -30,6 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from audio import FRAME_BYTES, TELEPHONY_RATE, ULAW_SILENCE
+
 from . import twilio_protocol as tp
 from .replay import ReplayError, recording_messages
 from .twilio_sim import PlayoutStats, TwilioPlayout
@@ -54,7 +56,7 @@ class CallReport:
         s = self.stats
         return (
             f"sent {self.frames_sent} frames; received {s.media_messages} media messages "
-            f"({s.audio_bytes / 8000:.2f} s of audio, {s.played_bytes / 8000:.2f} s played), "
+            f"({s.audio_bytes / TELEPHONY_RATE:.2f} s of audio, {s.played_bytes / TELEPHONY_RATE:.2f} s played), "
             f"{s.marks_received} marks, {s.clears} clears; echoed {s.marks_echoed} marks "
             f"({s.marks_echoed_on_clear} on clear)"
             + ("; the gateway closed the call" if self.closed_by_gateway else "")
@@ -301,7 +303,7 @@ async def play_call(
                     await at_media_time(t)
                     await ws.send_str(tp.build_media(
                         sequence_number=seq, stream_sid=str(last["streamSid"]), chunk=chunk,
-                        timestamp_ms=int(t), payload=b"\xff" * 160,
+                        timestamp_ms=int(t), payload=ULAW_SILENCE * FRAME_BYTES,
                         track=str(m.get("track", "inbound"))))
                     frames += 1
                     playout_end = t + 20

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 from aiohttp import WSMsgType, web
 
-from .audio import ulaw_to_float32
+from audio import ulaw_to_float32
+
 from .timeline import Timeline
 
 __all__ = ["CallFeed", "FeedState", "OpsHub", "OpsSettings", "TurnLatencies", "authorized",

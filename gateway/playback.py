@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from audio import ULAW_BYTES_PER_MS
+
 __all__ = [
     "Chunk",
     "Outcome",
@@ -32,9 +34,6 @@ __all__ = [
     "Utterance",
     "UtteranceState",
 ]
-
-BYTES_PER_MS = 8  # 8 kHz mu-law: one byte per sample
-
 
 class PlaybackError(Exception):
     """A downlink event that does not fit the utterance's lifecycle."""
@@ -65,7 +64,7 @@ class Utterance:
 
     @property
     def heard_ms(self) -> float:
-        return self.heard / BYTES_PER_MS
+        return self.heard / ULAW_BYTES_PER_MS
 
     def add_text(self, text: str, start: int, end: int | None, audio_bytes: int) -> None:
         """The last ``audio_bytes`` of audio added speak ``text`` at ``[start, end)`` of the
@@ -134,10 +133,16 @@ class _PendingMark:
 
 
 class Playback:
-    """Per-call playout of bot utterances, in order, one at a time."""
+    """Per-call playout of bot utterances, in order, one at a time.
 
-    def __init__(self, *, chunk_ms: int = 20, lead_ms: float = 240.0) -> None:
-        self.chunk_bytes = chunk_ms * BYTES_PER_MS
+    ``chunk_ms`` (audio per media message, one mark each) and ``lead_ms`` (audio allowed ahead of
+    the play-out point) have no defaults here: ``CallSettings.chunk_ms`` and
+    ``CallSettings.playback_lead_ms`` own them (a default of 20 here against 40 there was a
+    second declaration that had already drifted).
+    """
+
+    def __init__(self, *, chunk_ms: int, lead_ms: float) -> None:
+        self.chunk_bytes = chunk_ms * ULAW_BYTES_PER_MS
         self.lead_ms = lead_ms
         self._queue: deque[Utterance] = deque()
         self._by_id: dict[str, Utterance] = {}
@@ -212,7 +217,7 @@ class Playback:
                 name = f"{u.id}#{next(self._seq)}"
                 self._pending[name] = _PendingMark(u.id, u.sent)
                 out.chunks.append(Chunk(u.id, payload, name, self.line_busy_until_ms))
-                self.line_busy_until_ms += len(payload) / BYTES_PER_MS
+                self.line_busy_until_ms += len(payload) / ULAW_BYTES_PER_MS
             if self._all_heard(u):
                 self._finish(u, out, now_ms)
                 continue

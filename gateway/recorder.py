@@ -46,14 +46,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from audio import write_wav_ulaw
 
 from bus import EventDecodeError
 from bus import protocol as bp
 
-from .audio import write_wav_ulaw
 from .call import CallSettings
 from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Settings = TypeVar("_Settings", bound="DataclassInstance")
 
 __all__ = ["CallRecorder", "RecorderState", "RecordingSettings", "load_call_settings", "prune",
            "replay_folder"]
@@ -285,7 +291,7 @@ def load_call_settings(data: dict[str, Any]) -> CallSettings:
     return _settings_from(CallSettings, data)
 
 
-def _settings_from(cls: Any, data: dict[str, Any]) -> Any:
+def _settings_from(cls: type[_Settings], data: dict[str, Any]) -> _Settings:
     import typing
 
     hints = typing.get_type_hints(cls)
@@ -294,7 +300,7 @@ def _settings_from(cls: Any, data: dict[str, Any]) -> Any:
         if f.name not in data:
             continue
         value, kind = data[f.name], hints.get(f.name)
-        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind) and isinstance(value, dict):
             value = _settings_from(kind, value)
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):
             value = kind(value)

@@ -24,18 +24,18 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from audio import TELEPHONY_RATE, ULAW_BYTES_PER_MS, chunk_audio, read_wav_ulaw
 from bus import Bus, EmbeddedBus, EmbeddedHub
 from bus import protocol as bp
 
 from . import twilio_protocol as tp
-from .audio import chunk_audio, read_wav_ulaw
 from .call import CallSession, CallSettings
 from .lockstep import Lockstep
 from .timeline import Timeline
@@ -65,11 +65,13 @@ class BotTurn:
 
 def _tone(duration_ms: float) -> bytes:
     """Stand-in bot audio when the labels name no ``bot_wav``: a voiced buzz at -20 dBFS."""
-    from .audio import float32_to_pcm16, pcm16_to_ulaw
+    from audio import float32_to_pcm16, pcm16_to_ulaw
 
-    n = int(duration_ms * 8)
-    t = np.arange(n) / 8000.0
-    x = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((140, 280, 420, 560), 1))
+    n = int(duration_ms * ULAW_BYTES_PER_MS)
+    t = np.arange(n) / TELEPHONY_RATE
+    x = np.zeros(n)
+    for k, f in enumerate((140, 280, 420, 560), 1):
+        x += np.sin(2 * np.pi * f * t) / k
     x = 0.1 * x / np.max(np.abs(x) + 1e-9) if n else x
     return pcm16_to_ulaw(float32_to_pcm16(np.asarray(x, dtype=np.float32)))
 
@@ -157,7 +159,7 @@ async def replay(
     vad: Any = None,
     keep_audio: bool = False,
     timeline: Timeline | None = None,
-    agent: Callable[[Bus, asyncio.Event], Awaitable[None]] | None = None,
+    agent: Callable[[Bus, asyncio.Event], Coroutine[Any, Any, None]] | None = None,
     transcriber_for: Callable[[Any], Any] | None = None,
 ) -> tuple[Timeline, TwilioPlayout]:
     """Replay one recording; returns the timeline and what the simulated Twilio played.

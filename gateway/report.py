@@ -21,7 +21,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from .audio import ulaw_to_float32
+from audio import ulaw_to_float32
+
 from .ops import TurnLatencies
 from .timeline import Timeline
 
@@ -141,7 +142,10 @@ def render_report(*, title: str, inbound: bytes, events: list[dict[str, Any]],
     n = int(end_ms * 8)
     bot_x = _bot_track(bot, events, n)
     cols = WIDTH - LEFT - 10
-    x = lambda t: LEFT + float(t) / end_ms * cols  # noqa: E731
+
+    def x(t: float) -> float:
+        return LEFT + float(t) / end_ms * cols
+
     h_wave, h_prob = 90, 70
     y_caller, y_prob, y_bot, y_ev = 20, 20 + h_wave + 10, 20 + h_wave + h_prob + 20, 0
     y_ev = y_bot + h_wave + 10

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from twilio.request_validator import RequestValidator  # type: ignore[import-untyped]  # twilio ships no type hints
+from twilio.request_validator import RequestValidator
 
 __all__ = [
     "SIGNATURE_HEADER",

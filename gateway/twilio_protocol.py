@@ -46,7 +46,9 @@ import binascii
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NoReturn, TypeAlias
+from typing import Any, Final, Literal, NoReturn, TypeAlias, TypeGuard
+
+from audio import TELEPHONY_RATE
 
 from bus.protocol import json_kind as _kind
 
@@ -166,7 +168,7 @@ class MediaFormat:
     """``start.mediaFormat``: how the ``media`` payloads are encoded."""
 
     encoding: str = "audio/x-mulaw"
-    sample_rate: int = 8000
+    sample_rate: int = TELEPHONY_RATE
     channels: int = 1
 
 
@@ -321,7 +323,7 @@ def _str(parent: Mapping[str, Any], key: str, where: str = "") -> str:
     return value
 
 
-def _is_uint_text(value: object) -> bool:
+def _is_uint_text(value: object) -> TypeGuard[str]:
     """A decimal string :func:`_uint` accepts (the media fast path checks with it too)."""
     return (isinstance(value, str) and 0 < len(value) <= _MAX_NUMBER_DIGITS and value.isascii()
             and value.isdigit())

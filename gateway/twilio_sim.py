@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from audio import ULAW_BYTES_PER_MS
+
 from . import twilio_protocol as tp
 
 __all__ = ["PlayoutStats", "TwilioPlayout"]
@@ -32,6 +34,19 @@ class PlayoutStats:
     played: bytearray = field(default_factory=bytearray)
 
 
+@dataclass(slots=True)
+class _QueuedAudio:
+    start_ms: float
+    payload: bytes
+    played_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _QueuedMark:
+    due_ms: float
+    name: str
+
+
 class TwilioPlayout:
     """The queue of bot audio Twilio plays to the caller, on the caller's media clock.
 
@@ -44,8 +59,7 @@ class TwilioPlayout:
         self.stream_sid = stream_sid
         self.stats = PlayoutStats()
         self._keep = keep_audio
-        # ("audio", start_ms, payload, played_bytes) or ("mark", due_ms, name)
-        self._queue: deque[list[object]] = deque()
+        self._queue: deque[_QueuedAudio | _QueuedMark] = deque()
         self._tail_ms = 0.0
         self._seq = 1_000_000  # sequence numbers for echoed marks (distinct from inbound ones)
 
@@ -61,18 +75,18 @@ class TwilioPlayout:
         if isinstance(msg, tp.OutboundMedia):
             self.stats.media_messages += 1
             self.stats.audio_bytes += len(msg.payload)
-            self._queue.append(["audio", tail, msg.payload, 0])
-            self._tail_ms = tail + len(msg.payload) / 8
+            self._queue.append(_QueuedAudio(tail, msg.payload))
+            self._tail_ms = tail + len(msg.payload) / ULAW_BYTES_PER_MS
             return []
         if isinstance(msg, tp.OutboundMark):
             self.stats.marks_received += 1
-            self._queue.append(["mark", tail, msg.name])
+            self._queue.append(_QueuedMark(tail, msg.name))
             self._tail_ms = tail
             return []
         # clear: drop the queue, echo every pending mark now
         self.advance(at_ms)
         self.stats.clears += 1
-        names = [str(x[2]) for x in self._queue if x[0] == "mark"]
+        names = [x.name for x in self._queue if isinstance(x, _QueuedMark)]
         self._queue.clear()
         self._tail_ms = at_ms
         self.stats.marks_echoed_on_clear += len(names)
@@ -80,23 +94,22 @@ class TwilioPlayout:
 
     def advance(self, to_ms: float) -> list[str]:
         """Play audio up to media time ``to_ms``; returns the marks that became due."""
-        out = []
+        out: list[str] = []
         while self._queue:
             head = self._queue[0]
-            if head[0] == "mark":
-                if float(head[1]) > to_ms:  # type: ignore[arg-type]
+            if isinstance(head, _QueuedMark):
+                if head.due_ms > to_ms:
                     break
                 self._queue.popleft()
-                out.append(self._echo(str(head[2])))
+                out.append(self._echo(head.name))
                 continue
-            start, payload, done = float(head[1]), head[2], int(head[3])  # type: ignore[arg-type]
-            assert isinstance(payload, bytes)
-            upto = min(len(payload), max(0, int(round((to_ms - start) * 8))))
+            payload, done = head.payload, head.played_bytes
+            upto = min(len(payload), max(0, int(round((to_ms - head.start_ms) * ULAW_BYTES_PER_MS))))
             if upto > done:
                 if self._keep:
                     self.stats.played.extend(payload[done:upto])
                 self.stats.played_bytes += upto - done
-                head[3] = upto
+                head.played_bytes = upto
             if upto < len(payload):
                 break
             self._queue.popleft()

@@ -171,7 +171,7 @@ class SimCall:
 
     def write(self, folder: Path) -> list[Path]:
         """NAME.wav, NAME.bot.wav, NAME.json, NAME.twilio.jsonl in ``folder``."""
-        from gateway.audio import encode_wav_ulaw
+        from audio import encode_wav_ulaw
 
         folder.mkdir(parents=True, exist_ok=True)
         paths = [folder / f"{self.name}{ext}" for ext in (".wav", ".bot.wav", ".json",
@@ -288,7 +288,7 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
     last = turns[-1][0] + len(turns[-1][1].samples)
     mix = _Mix(last + 4 * RATE)
     bot = np.zeros(mix.n)
-    bot_labels = []
+    bot_labels: list[dict[str, Any]] = []
     for at, clip in turns:
         y = set_level(clip.samples, BOT_LEVEL_DBFS)
         bot[at : at + len(y)] += y
@@ -369,9 +369,9 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
         for a, b in speech_spans:
             a, b = max(0, a), min(mix.n, b)
             keep[a:b] = 0.0
-            r = min(240, (b - a) // 2)
-            keep[a : a + r] = np.linspace(1.0, 0.0, r)
-            keep[b - r : b] = np.linspace(0.0, 1.0, r)
+            ramp = min(240, (b - a) // 2)
+            keep[a : a + ramp] = np.linspace(1.0, 0.0, ramp)
+            keep[b - ramp : b] = np.linspace(0.0, 1.0, ramp)
         mix.background += y * keep
         mix.events.append({"kind": "noise", "noise_type": "caller_room_tone", "start_ms": 0.0,
                            "end_ms": _ms(n), "source": tone_src[0], "voice": tone_src[1],
@@ -396,13 +396,13 @@ def simulate_call(cond: Condition, *, split: Split, seed: int, index: int,
         change_ms=change_ms, erl_after_db=erl_after if change_ms is not None else None,
         delay_after_ms=delay_after if change_ms is not None else None)
     echo = path.render(bot)
-    for b in bot_labels:
+    for label in bot_labels:
         ev: dict[str, Any] = {
-            "kind": "echo", "start_ms": round(b["start_ms"] + cond.delay_ms, 3),
-            "end_ms": round(b["end_ms"] + (delay_after if change_ms is not None else
-                                           cond.delay_ms), 3),
-            "source": b["voice"], "delay_ms": cond.delay_ms, "erl_db": cond.erl_db,
-            "level_dbfs": round(BOT_LEVEL_DBFS - cond.erl_db, 1), "text": b["text"],
+            "kind": "echo", "start_ms": round(label["start_ms"] + cond.delay_ms, 3),
+            "end_ms": round(label["end_ms"] + (delay_after if change_ms is not None else
+                                               cond.delay_ms), 3),
+            "source": label["voice"], "delay_ms": cond.delay_ms, "erl_db": cond.erl_db,
+            "level_dbfs": round(BOT_LEVEL_DBFS - cond.erl_db, 1), "text": label["text"],
             "nonlinearity": cond.nonlinearity,
         }
         if change_ms is not None:
@@ -477,11 +477,11 @@ def _background(cond: Condition, split: Split, lib: VoiceLibrary, rng: np.random
                            "end_ms": _ms(n), "source": f"synthetic:room#{v}",
                            "level_dbfs": round(level, 1)})
     elif bg == "babble":
-        voices = [str(v) for v in rng.permutation(espeak_voices("babble", split))[:5]]
+        voices = [str(name) for name in rng.permutation(espeak_voices("babble", split))[:5]]
         y = np.zeros(n)
-        for v in voices:
+        for talker in voices:
             text = " ".join(BOT_PROMPTS[int(i)] for i in rng.permutation(len(BOT_PROMPTS))[:2])
-            clip = espeak_clip(v, text, rate_wpm=int(rng.integers(150, 190)))
+            clip = espeak_clip(talker, text, rate_wpm=int(rng.integers(150, 190)))
             y += _loop(set_level(clip.samples, -20.0), n, rng)
         snr = float(rng.uniform(10, 18))
         level = caller_level - snr
@@ -500,8 +500,8 @@ def _background(cond: Condition, split: Split, lib: VoiceLibrary, rng: np.random
                 c = pool[int(rng.integers(len(pool)))]
                 x, src, voice = c.samples, c.source, c.voice
             else:
-                v = str(rng.choice(espeak_voices("babble", split)))
-                c = espeak_clip(v, " ".join(CALLER_PHRASES))
+                talker = str(rng.choice(espeak_voices("babble", split)))
+                c = espeak_clip(talker, " ".join(CALLER_PHRASES))
                 x, src, voice = c.samples, c.source, c.voice
             y = set_level(_loop(x, n, rng), level)
             ev = {"kind": "noise", "noise_type": "second_talker", "start_ms": 0.0,

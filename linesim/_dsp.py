@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from audio import FRAME_BYTES, TELEPHONY_RATE
+
 __all__ = [
     "RATE",
     "Floats",
@@ -25,7 +27,7 @@ __all__ = [
     "speech_end",
 ]
 
-RATE = 8000
+RATE = TELEPHONY_RATE
 Floats = npt.NDArray[np.float64]
 
 
@@ -111,13 +113,13 @@ def band_limit(x: Floats, lo_hz: float = 300.0, hi_hz: float = 3400.0, order: in
 
 def encode_ulaw(x: Floats) -> bytes:
     """Hard-limit to full scale, then G.711 mu-law (audioop's encoder, as the gateway uses)."""
-    from gateway.audio import float32_to_pcm16, pcm16_to_ulaw
+    from audio import float32_to_pcm16, pcm16_to_ulaw
 
     return pcm16_to_ulaw(float32_to_pcm16(np.clip(x, -1.0, 32767 / 32768)))
 
 
 def decode_ulaw(data: bytes) -> Floats:
-    from gateway.audio import ulaw_to_float32
+    from audio import ulaw_to_float32
 
     return ulaw_to_float32(data).astype(np.float64)
 
@@ -142,4 +144,4 @@ def resample(x: Floats, from_rate: int, to_rate: int = RATE) -> Floats:
 
 def fit_to_frames(n_samples: int) -> int:
     """``n_samples`` rounded up to whole 20 ms frames (160 samples)."""
-    return -(-n_samples // 160) * 160
+    return -(-n_samples // FRAME_BYTES) * FRAME_BYTES

@@ -219,7 +219,7 @@ class VoiceLibrary:
             try:
                 labels = json.loads(path.read_text())
                 wav = path.with_suffix(".wav")
-                from gateway.audio import read_wav_ulaw
+                from audio import read_wav_ulaw
 
                 audio = decode_ulaw(read_wav_ulaw(wav))
             except (OSError, ValueError) as exc:

@@ -13,7 +13,9 @@ from pathlib import Path
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate", help="write simulated phone calls (labels, WAVs, Twilio messages)",
         description="Write simulated calls in the format of the development recordings, "

@@ -66,7 +66,7 @@ def score(labels: dict[str, Any], events: list[dict[str, Any]],
     stops = [e for e in events if e["type"] in STOP_TYPES and not dtmf_stop(e)]
     dtmf_stops = [float(e["t_ms"]) for e in events if e["type"] in STOP_TYPES and dtmf_stop(e)]
     clears = [e for e in stops if e["type"] == "clear_sent"]
-    first_stop = (clears or stops or [None])[0]
+    first_stop = next(iter(clears or stops), None)
     res: dict[str, Any] = {"name": labels["name"], "scenario": labels.get("scenario", "?"),
                            "expect_barge_in": wants, "latency_ms": None, "missed": False,
                            "false_stop": False, "false_interrupt": False, "dtmf_ok": None,

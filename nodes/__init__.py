@@ -70,13 +70,7 @@ from ._node import Node
 from ._output_agent import OutputAgentNode, ResponsePacer
 from ._session import AgentSession, EventHandler, SessionState
 from ._tools import FunctionSchema, FunctionToolInfo, ToolRegistry, function_tool
-from ._tts import (
-    MULAW_BYTES_PER_MS,
-    SilenceSynthesizer,
-    Synthesizer,
-    ToneSynthesizer,
-    linear_to_mulaw,
-)
+from ._tts import SilenceSynthesizer, Synthesizer, ToneSynthesizer
 from ._worker import AgentFactory, SessionWorker, SetupFn, load_agent
 from ._scripted import CONTROL_TOOLS, HANDOVER_TOOL, HANGUP_TOOL, TRANSFER_TOOL, ScriptedLLM
 from ._agents import (
@@ -94,7 +88,6 @@ from ._agents import (
 from ._runner import run_worker, synthesizer_for
 
 __all__ = [
-    "MULAW_BYTES_PER_MS",
     "AgentFactory",
     "AgentLoadError",
     "AgentSession",
@@ -161,7 +154,6 @@ __all__ = [
     "UnknownEventHandlerError",
     "UtteranceAlignment",
     "function_tool",
-    "linear_to_mulaw",
     "load_agent",
     "parse_event",
     "transfer_twiml",

@@ -346,6 +346,8 @@ class ConfiguredLLMNode(OutputAgentNode):
         router: The agent's router; None for a node used on its own (it answers every request).
     """
 
+    tool_registry: ToolRegistry  # always set here (``OutputAgentNode`` leaves it to the class)
+
     def __init__(
         self,
         name: str,

@@ -112,7 +112,8 @@ class Node:
         self._queue = asyncio.Queue()
         if old is None or not self._running:
             return
-        if old is asyncio.current_task():
+        current = asyncio.current_task()  # (``old is current_task()`` widens ``old`` in mypy 2.4)
+        if current is not None and current is old:
             # The node interrupted itself from inside its own loop: the CancelledError
             # surfaces at this task's next await; the fresh loop is already in place.
             self._loop_task = self._spawn_loop()

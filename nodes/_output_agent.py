@@ -21,7 +21,7 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,7 @@ class OutputAgentNode(Node):
                        _MAX_TOOL_ROUNDS)
 
     @staticmethod
-    async def _stream_reply(stream: Any, calls: list[Any]) -> AsyncIterator[str]:
+    async def _stream_reply(stream: Any, calls: list[Any]) -> AsyncGenerator[str, None]:
         """The text of one streamed LLM answer; the tool calls it asks for go into ``calls``.
         The stream is closed however the loop ends (a barge-in cancels the generation: this
         stops its HTTP stream)."""

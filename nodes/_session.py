@@ -230,8 +230,8 @@ class AgentSession:
         self._require(SessionState.NEW, "start")
         self._build_graph()
         if self._pacer is not None:
-            for node in self.output_nodes:
-                node._pacer = self._pacer
+            for output in self.output_nodes:
+                output._pacer = self._pacer
         self._state = SessionState.RUNNING
         for node in [self.root, *self.nodes, self.sink]:
             await node.start(self.init_event)

@@ -64,8 +64,8 @@ def _json_schema(hint: Any) -> dict[str, Any]:
         schema = _json_schema(type(values[0])) if values else {}
         return {**schema, "enum": values}
     if origin in (list, tuple, set, frozenset):
-        args = get_args(hint)
-        return {"type": "array", "items": _json_schema(args[0])} if args else {"type": "array"}
+        items = get_args(hint)
+        return {"type": "array", "items": _json_schema(items[0])} if items else {"type": "array"}
     if origin is dict or hint is dict:
         return {"type": "object"}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):

@@ -8,34 +8,18 @@ benchmarks use them where a real TTS service cannot be reached.
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
+from audio import TELEPHONY_RATE, ULAW_BYTES_PER_MS, ULAW_SILENCE, pcm16_to_ulaw
+
 __all__ = [
-    "MULAW_BYTES_PER_MS",
     "SilenceSynthesizer",
     "Synthesizer",
     "ToneSynthesizer",
-    "linear_to_mulaw",
 ]
-
-MULAW_BYTES_PER_MS = 8  # 8 kHz, one byte per sample
-
-_SEG_END = (0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF)
-
-
-def linear_to_mulaw(sample: int) -> int:
-    """G.711 mu-law byte of one signed 16-bit sample (bit-exact with ``audioop.lin2ulaw``)."""
-    pcm = sample >> 2  # G.711 works on 14 bits
-    mask = 0xFF
-    if pcm < 0:
-        pcm, mask = -pcm, 0x7F
-    pcm = min(pcm, 8159) + 0x21
-    segment = next((i for i, end in enumerate(_SEG_END) if pcm <= end), 8)
-    if segment >= 8:
-        return 0x7F ^ mask
-    return ((segment << 4) | ((pcm >> (segment + 1)) & 0x0F)) ^ mask
 
 
 @runtime_checkable
@@ -77,20 +61,17 @@ class ToneSynthesizer:
         """Audio length of ``text``."""
         return len(text) * self.ms_per_char
 
-    def _sample(self, n: int) -> int:
-        value = self._level * 32767 * math.sin(2 * math.pi * self._frequency * n / 8000)
-        return linear_to_mulaw(round(value))
-
     def _audio(self, n_bytes: int) -> bytes:
-        # Made sample by sample in Python (~1 ms per 100 bytes, on the event loop): extend the
-        # kept tone only past what an earlier utterance already needed.
+        # Extend the kept tone only past what an earlier utterance already needed.
         if n_bytes > len(self._tone):
-            self._tone += bytes(self._sample(n) for n in range(len(self._tone), n_bytes))
+            n = np.arange(len(self._tone), n_bytes)
+            value = self._level * 32767 * np.sin(2 * np.pi * self._frequency * n / TELEPHONY_RATE)
+            self._tone += pcm16_to_ulaw(np.rint(value).astype(np.int16).tobytes())
         return self._tone[:n_bytes]
 
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
-        audio = self._audio(self.duration_ms(text) * MULAW_BYTES_PER_MS)
-        step = self.frame_ms * MULAW_BYTES_PER_MS
+        audio = self._audio(self.duration_ms(text) * ULAW_BYTES_PER_MS)
+        step = self.frame_ms * ULAW_BYTES_PER_MS
         for start in range(0, len(audio), step):
             yield audio[start : start + step]
 
@@ -99,4 +80,4 @@ class SilenceSynthesizer(ToneSynthesizer):
     """Like ToneSynthesizer, but mu-law silence (0xFF)."""
 
     def _audio(self, n_bytes: int) -> bytes:
-        return b"\xff" * n_bytes
+        return ULAW_SILENCE * n_bytes

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib
 import logging
 import os
@@ -79,6 +80,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from audio import ULAW_BYTES_PER_MS
 from bus import Bus, CallInfo, Event, EventDecodeError, OwnershipLostError
 from bus import protocol as bp
 
@@ -106,7 +108,7 @@ from ._events import (
 from ._node import Node
 from ._output_agent import OutputAgentNode
 from ._session import AgentSession, SessionState
-from ._tts import MULAW_BYTES_PER_MS, Synthesizer, ToneSynthesizer
+from ._tts import Synthesizer, ToneSynthesizer
 from ._turns import drop_last_user_turn
 
 __all__ = ["AgentFactory", "SessionWorker", "SetupFn", "load_agent"]
@@ -262,7 +264,7 @@ class SessionWorker:
                 self._handle_after(previous, call), name=f"call:{call.call_sid}"
             )
             self._tasks[call.call_sid] = task
-            task.add_done_callback(lambda t, sid=call.call_sid: self._call_done(sid, t))
+            task.add_done_callback(functools.partial(self._call_done, call.call_sid))
 
     async def _handle_after(self, previous: asyncio.Task[None] | None, call: CallInfo) -> None:
         if previous is not None:
@@ -410,8 +412,8 @@ class SessionWorker:
         ended_normally: bool,
     ) -> None:
         ack_tasks = list(state.ack_tasks)
-        for task in ack_tasks:
-            task.cancel()
+        for ack in ack_tasks:
+            ack.cancel()
         if ack_tasks:
             await asyncio.wait(ack_tasks)
         await state.session.stop()
@@ -655,13 +657,13 @@ class SessionWorker:
         pieces = [piece async for piece in synth.synthesize(text)]
         if utterance.interrupted:
             return  # the caller barged in while this chunk was synthesized
-        duration = sum(len(p) for p in pieces) / MULAW_BYTES_PER_MS
+        duration = sum(len(p) for p in pieces) / ULAW_BYTES_PER_MS
         chunk = utterance.alignment.add(text, duration)
         audio_ms = chunk.start_ms
         for piece in pieces:
             if utterance.interrupted:
                 return
-            piece_ms = len(piece) / MULAW_BYTES_PER_MS
+            piece_ms = len(piece) / ULAW_BYTES_PER_MS
             audio_ms += piece_ms
             await self._send(state, bp.Audio(
                 utterance_id=utterance.utterance_id,

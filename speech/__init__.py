@@ -8,13 +8,14 @@
   :func:`split_sentences` and :func:`make_synthesizer`.
 * ``_espeak``: :class:`EspeakSynthesizer`, offline, eSpeak NG through ctypes, per sentence.
 * ``_openai_tts``: :class:`OpenAISynthesizer`, 24 kHz PCM streamed and converted as it arrives.
-* ``_audio``: stream converters (PCM16 at any rate to 8 kHz mu-law with a low-pass, and back up).
+
+The stream converters they share (PCM16 at any rate to 8 kHz mu-law with a low-pass, and back
+up) live in the ``audio`` package, below every other.
 
 Audio in is 16-bit little-endian mono PCM (8 kHz on the phone leg); audio out is 8 kHz G.711
 mu-law, one byte per sample, as Twilio Media Streams carry it.
 """
 
-from ._audio import PcmInput, UlawEncoder, encode_wav_pcm16
 from ._errors import (
     ConfigurationError,
     EngineUnavailableError,
@@ -41,7 +42,6 @@ __all__ = [
     "OpenAIStream",
     "OpenAISynthesizer",
     "OpenAITranscriber",
-    "PcmInput",
     "PocketsphinxPoolStream",
     "PocketsphinxPoolTranscriber",
     "PocketsphinxStream",
@@ -57,8 +57,6 @@ __all__ = [
     "Transcript",
     "TranscriptionError",
     "TranscriptionStream",
-    "UlawEncoder",
-    "encode_wav_pcm16",
     "make_synthesizer",
     "make_transcriber",
     "split_sentences",

@@ -26,7 +26,8 @@ import threading
 from collections.abc import AsyncGenerator
 from typing import Any, Final
 
-from ._audio import UlawEncoder
+from audio import UlawEncoder
+
 from ._errors import ConfigurationError, EngineUnavailableError, SynthesisError
 from ._tts import split_sentences
 

@@ -13,9 +13,8 @@ import asyncio
 import openai
 from openai import AsyncOpenAI
 
-from gateway.audio import TELEPHONY_RATE
+from audio import TELEPHONY_RATE, check_sample_rate, encode_wav_pcm16
 
-from ._audio import _check_rate, encode_wav_pcm16
 from ._errors import (
     StreamClosedError,
     TranscriptionError,
@@ -67,9 +66,9 @@ class OpenAITranscriber(OpenAIClientOwner):
         """Start an utterance whose audio comes at ``sample_rate`` Hz.
 
         Raises:
-            gateway.audio.AudioError: ``sample_rate`` is not a positive integer.
+            audio.AudioError: ``sample_rate`` is not a positive integer.
         """
-        _check_rate("sample_rate", sample_rate)
+        check_sample_rate("sample_rate", sample_rate)
         return OpenAIStream(self, sample_rate=sample_rate)
 
     async def transcribe_wav(self, wav: bytes) -> Transcript:

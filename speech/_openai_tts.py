@@ -8,7 +8,7 @@ the HTTP response, which stops the generation.
 
 Some compatible servers answer with a WAV file whatever was asked, and ``response_format="wav"``
 asks for one. A body that starts with a RIFF/WAVE header, or is labelled ``audio/wav``, is read
-whole and converted with :func:`gateway.audio.decode_wav_ulaw` (any rate, PCM16 or G.711): it is
+whole and converted with :func:`audio.decode_wav_ulaw` (any rate, PCM16 or G.711): it is
 not streamed, so prefer ``pcm``.
 """
 
@@ -21,9 +21,8 @@ from typing import Final, Literal
 import openai
 from openai import AsyncOpenAI
 
-from gateway.audio import AudioFormatError, decode_wav_ulaw
+from audio import AudioFormatError, UlawEncoder, decode_wav_ulaw
 
-from ._audio import UlawEncoder
 from ._errors import ConfigurationError, SynthesisError
 from ._openai_client import OpenAIClientOwner
 

@@ -41,9 +41,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.audio import TELEPHONY_RATE
+from audio import TELEPHONY_RATE, PcmInput
 
-from ._audio import PcmInput
 from ._errors import (
     ConfigurationError,
     EngineUnavailableError,
@@ -126,7 +125,7 @@ class PocketsphinxTranscriber:
         """Start an utterance whose audio comes at ``sample_rate`` Hz (resampled to 16 kHz).
 
         Raises:
-            gateway.audio.AudioError: ``sample_rate`` is not a positive integer.
+            audio.AudioError: ``sample_rate`` is not a positive integer.
         """
         return PocketsphinxStream(self, sample_rate=sample_rate)
 

@@ -41,9 +41,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from gateway.audio import TELEPHONY_RATE
+from audio import TELEPHONY_RATE, PcmInput
 
-from ._audio import PcmInput
 from ._errors import ConfigurationError, StreamClosedError, StreamFinishedError, TranscriptionError
 from ._pocketsphinx import _DEFAULT_OPTIONS, MODEL_RATE, DecoderOption
 from ._stt import StreamState, Transcript

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from audio import TELEPHONY_RATE
+
 from ._errors import ConfigurationError, StreamClosedError, StreamFinishedError
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ class TranscriptionStream(Protocol):
 class Transcriber(Protocol):
     """Opens transcription streams."""
 
-    def open_stream(self, *, sample_rate: int = 8000) -> TranscriptionStream:
+    def open_stream(self, *, sample_rate: int = TELEPHONY_RATE) -> TranscriptionStream:
         """Start a new utterance whose audio comes at ``sample_rate`` Hz."""
         ...
 

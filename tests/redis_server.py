@@ -258,7 +258,7 @@ def redis_server_factory(
     """
     require_redis_server()
     own_tmp = base_dir is None
-    root = Path(tempfile.mkdtemp(prefix="callgate-redis-")) if own_tmp else Path(base_dir)
+    root = Path(base_dir) if base_dir is not None else Path(tempfile.mkdtemp(prefix="callgate-redis-"))
     servers: list[RedisServer] = []
 
     def make(*extra_args: str) -> RedisServer:

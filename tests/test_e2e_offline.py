@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from audio import ulaw_to_float32
 from config import ConfigHolder
-from gateway.audio import ulaw_to_float32
 from gateway.replay import replay
 from gateway.server import TranscriberCache, call_settings_from
 from gateway.timeline import Timeline

@@ -7,7 +7,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["gateway", "vad", "bus", "nodes", "config", "speech"]
+PACKAGES = ["audio", "gateway", "vad", "bus", "nodes", "config", "speech"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

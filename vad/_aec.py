@@ -38,13 +38,15 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from audio import TELEPHONY_RATE
+
 from ._silero import VadError
 
 __all__ = ["AecMode", "EchoCanceller", "EchoCancellerSettings", "EchoCancellerUnavailable",
            "warm_up"]
 
 FRAME: Final = 80  # samples per AEC3 frame: exactly 10 ms at 8 kHz, as the module requires
-RATE: Final = 8000
+RATE: Final = TELEPHONY_RATE
 _RING: Final = 1 << 15  # reference samples kept (4.1 s): the lead ahead plus the hold behind
 _MASK: Final = _RING - 1
 _SCALE: Final = 32767.0

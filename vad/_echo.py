@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from audio import TELEPHONY_RATE
+
 from ._features import hann_power
 
 __all__ = ["EchoGate", "EchoGateBank", "EchoGateSettings", "GateReading"]
@@ -63,7 +65,7 @@ _INITIAL_ROWS = 16
 Floats = npt.NDArray[np.float64]
 
 
-def _db(energy: np.ndarray | float) -> np.ndarray | float:
+def _db(energy: Floats) -> Floats:
     return 10.0 * np.log10(np.maximum(energy, 1e-10))
 
 
@@ -171,7 +173,7 @@ class EchoGateBank:
     _floor: Floats
     _floor_set: npt.NDArray[np.bool_]
 
-    def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = 8000) -> None:
+    def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = TELEPHONY_RATE) -> None:
         self.settings = s = settings or EchoGateSettings()
         self._hop_s = HOP / sample_rate
         self._nlag = max(1, int(round(s.max_lag_ms / 1000 / self._hop_s)) + 1)
@@ -220,7 +222,7 @@ class EchoGateBank:
     def _alloc(self, rows: int) -> None:
         old = self._rows
         for name, shape, fill, dtype in self._row_state():
-            grown = np.full((rows, *shape), fill, dtype=dtype)
+            grown: npt.NDArray[np.generic] = np.full((rows, *shape), fill, dtype=dtype)
             if old:
                 grown[:old] = getattr(self, name)
             setattr(self, name, grown)
@@ -518,7 +520,7 @@ class EchoGateBank:
 class EchoGate:
     """One call's echo and noise gate on the inbound track (a bank of one). Not thread-safe."""
 
-    def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = 8000) -> None:
+    def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = TELEPHONY_RATE) -> None:
         self._bank = EchoGateBank(settings, sample_rate=sample_rate)
         self._row = self._bank.open_row()
         self._rows = np.array([self._row], dtype=np.intp)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from audio import TELEPHONY_RATE
+
 __all__ = ["BAND_CANDIDATE_DB", "WindowFeatures", "features_batch", "hann_power",
            "window_features"]
 
@@ -26,7 +28,7 @@ where the upper band stands at least this far over its floor (``GateReading.band
 a policy's ``band_snr_db`` below this acts as this."""
 
 _N = 256
-_RATE = 8000
+_RATE = TELEPHONY_RATE
 _HANN = np.hanning(_N)
 _LOW = (697.0, 770.0, 852.0, 941.0)
 _HIGH = (1209.0, 1336.0, 1477.0, 1633.0)

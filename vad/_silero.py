@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkab
 import numpy as np
 import numpy.typing as npt
 
+from audio import TELEPHONY_RATE
+
 if TYPE_CHECKING:
     import torch
 
@@ -63,7 +65,7 @@ __all__ = [
     "probabilities",
 ]
 
-SAMPLE_RATE: Final = 8000
+SAMPLE_RATE: Final = TELEPHONY_RATE
 """The only rate this module runs at: telephone audio, no resampling."""
 WINDOW_SAMPLES: Final = 256
 """New samples per inference (32 ms at 8 kHz)."""
@@ -247,7 +249,8 @@ class TorchScriptSilero:
         self._threads = threads
         torch.set_num_threads(threads)
         try:
-            module = torch.jit.load(str(self.path), map_location="cpu")
+            # torch.jit.load has no annotations (torch 2.13); it returns a ScriptModule.
+            module = torch.jit.load(str(self.path), map_location="cpu")  # type: ignore[no-untyped-call]
         except Exception as exc:  # torch.jit.load raises RuntimeError or pickle/zip errors
             raise RuntimeUnavailable(f"cannot load {self.path}: {exc}") from exc
         module.eval()

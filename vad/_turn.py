@@ -39,6 +39,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from audio import TELEPHONY_RATE
+
 __all__ = [
     "CONTINUATION_WORDS",
     "EndEstimate",
@@ -52,7 +54,7 @@ __all__ = [
 
 WINDOW_SAMPLES = 256
 WINDOW_MS = 32.0
-_RATE = 8000
+_RATE = TELEPHONY_RATE
 _MIN_LAG, _MAX_LAG = 20, 128  # 400 Hz .. 62.5 Hz
 _HISTORY = 128  # samples before a window that lengthen its autocorrelation (low voices)
 _RING = 1024  # kept samples: a window, its history and the rest of the frame that completed it

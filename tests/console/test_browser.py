@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from audio import read_wav_ulaw, ulaw_to_float32
 from gateway.recorder import replay_folder
 from tests import recordings_index as rec
 from tests.console.conftest import Served
@@ -107,7 +107,7 @@ def _not_blank(driver: Any, png: bytes) -> int:
 
 def test_the_pages_mu_law_is_g711(browser: Any, served: Served) -> None:
     """The page's mu-law codec against the gateway's (gateway/audio.py)."""
-    from gateway.audio import float32_to_pcm16, pcm16_to_ulaw
+    from audio import float32_to_pcm16, pcm16_to_ulaw
 
     browser.get(served.base + "/console")
     ramp = np.linspace(-1, 1, 4001).astype(np.float32)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.audio import read_wav_ulaw
+from audio import read_wav_ulaw
 from gateway.recorder import RecordingSettings, prune, replay_folder
 from gateway.replay import load_bot_script, replay
 from tests import recordings_index as rec

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audio import read_wav_ulaw, ulaw_to_pcm16
+from audio import read_wav_ulaw, ulaw_to_pcm16
 from speech import PocketsphinxPoolTranscriber
 from tests import recordings_index as rec
 

@@ -84,7 +84,7 @@ async def test_worker_metrics_show_its_claims() -> None:
     """``callgate worker --metrics-port``: the worker's bus figures at GET /metrics."""
     import socket
 
-    from gateway.server import _serve_worker_metrics
+    from gateway.launch import _serve_worker_metrics
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -42,7 +42,7 @@ def _deliver(pb: Playback, tw: TwilioPlayout, out: object, t: float) -> list[str
 
 
 def test_only_marks_echoed_before_clear_count_as_heard() -> None:
-    pb = Playback(lead_ms=240)
+    pb = Playback(chunk_ms=20, lead_ms=240)
     tw = TwilioPlayout(stream_sid=SID)
     for uid in ("u1", "u2"):
         pb.start(uid, node="n", interruptible=True)
@@ -70,7 +70,7 @@ def test_only_marks_echoed_before_clear_count_as_heard() -> None:
 
 
 def test_pause_and_resume_continue_from_the_heard_point() -> None:
-    pb = Playback(lead_ms=200)
+    pb = Playback(chunk_ms=20, lead_ms=200)
     tw = TwilioPlayout(stream_sid=SID, keep_audio=True)
     audio = bytes(range(256)) * 32  # 8192 bytes, recognisable positions
     pb.start("u", node="n", interruptible=True)
@@ -97,7 +97,7 @@ def test_pause_and_resume_continue_from_the_heard_point() -> None:
 
 
 def test_non_interruptible_utterance_cannot_be_interrupted() -> None:
-    pb = Playback()
+    pb = Playback(chunk_ms=20, lead_ms=240.0)
     pb.start("pay", node="payment", interruptible=False)
     pb.add_audio("pay", b"\x7f" * 1600)
     pb.end("pay")

@@ -101,7 +101,7 @@ def _strong_echo_call(tmp_path: Any, *, delay_ms: int, erl_db: float) -> tuple[A
 
     import numpy as np
 
-    from gateway.audio import (
+    from audio import (
         float32_to_pcm16,
         pcm16_to_ulaw,
         read_wav_ulaw,

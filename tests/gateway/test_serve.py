@@ -24,14 +24,8 @@ from twilio.request_validator import RequestValidator
 
 from bus import EmbeddedBus
 from config import DEFAULT_CONFIG, ConfigHolder
-from gateway.server import (
-    GATEWAY_KEY,
-    StartupError,
-    build_app,
-    follow_reloads,
-    settings_from_config,
-    start_worker,
-)
+from gateway.launch import StartupError, start_worker
+from gateway.server import GATEWAY_KEY, build_app, follow_reloads, settings_from_config
 from vad import VadEngine
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -182,7 +182,7 @@ def test_events_narrow_on_tag() -> None:
 
 
 def _check_recording(path: Path) -> None:
-    from gateway.audio import read_wav_ulaw
+    from audio import read_wav_ulaw
 
     lines = path.read_text(encoding="utf-8").splitlines()
     messages = [parse_message(line) for line in lines]

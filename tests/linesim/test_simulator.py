@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from audio import read_wav_ulaw
 from gateway import twilio_protocol as tp
-from gateway.audio import read_wav_ulaw
 from gateway.cli import main as callgate
 from linesim import (
     ESPEAK_VOICES,

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import struct
-import warnings
 
+import numpy as np
 import pytest
 
 import nodes
+from audio import ulaw_to_pcm16
 from nodes import (
     AgentLoadError,
     SilenceSynthesizer,
     ToneSynthesizer,
-    linear_to_mulaw,
     load_agent,
     transfer_twiml,
 )
@@ -53,14 +52,15 @@ async def test_synthesizers_make_n_ms_per_character() -> None:
         ToneSynthesizer(0)
 
 
-def test_mulaw_matches_g711() -> None:
-    assert [linear_to_mulaw(s) for s in (0, 32767, -32768)] == [0xFF, 0x80, 0x00]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        audioop = pytest.importorskip("audioop")
-    samples = range(-32768, 32768, 3)
-    pcm = struct.pack(f"<{len(samples)}h", *samples)
-    assert bytes(linear_to_mulaw(s) for s in samples) == audioop.lin2ulaw(pcm, 2)
+async def test_the_tone_is_the_mu_law_of_its_sine() -> None:
+    tone = ToneSynthesizer(10, frequency=440.0, level=0.5)
+    short = b"".join([p async for p in tone.synthesize("abcd")])  # 40 ms
+    ulaw = b"".join([p async for p in tone.synthesize("abcdefgh")])  # 80 ms, the kept tone grown
+    assert ulaw[: len(short)] == short
+    want = 0.5 * 32767 * np.sin(2 * np.pi * 440.0 * np.arange(len(ulaw)) / 8000)
+    got = np.frombuffer(ulaw_to_pcm16(ulaw), dtype=np.int16)
+    # G.711 mu-law keeps each sample to within half a step: ~3% of its size, 4 LSB near zero.
+    assert np.all(np.abs(got - want) <= 0.035 * np.abs(want) + 8)
 
 
 def test_export_list_is_complete() -> None:

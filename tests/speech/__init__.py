@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.audio import read_wav_ulaw, ulaw_to_pcm16
+from audio import read_wav_ulaw, ulaw_to_pcm16
 
 _LOCAL = Path(__file__).parents[1] / "recordings"
 RECORDINGS: Final = _LOCAL if _LOCAL.is_dir() else Path("/work/shared/recordings")

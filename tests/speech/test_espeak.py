@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vad
-from gateway.audio import ulaw_to_float32, ulaw_to_pcm16
+from audio import ulaw_to_float32, ulaw_to_pcm16
 from speech import ConfigurationError, EspeakSynthesizer, Synthesizer, split_sentences
 
 pytest.importorskip("espeakng_loader")

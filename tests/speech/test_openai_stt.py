@@ -184,7 +184,7 @@ def test_warm_up_leaves_nothing_to_import_on_the_first_request(warm: bool) -> No
     import sys
     from pathlib import Path
 
-    from speech._audio import encode_wav_pcm16
+    from audio import encode_wav_pcm16
 
     wav = encode_wav_pcm16(b"\x00\x01" * 800, sample_rate=8000)
     root = Path(__file__).resolve().parents[2]

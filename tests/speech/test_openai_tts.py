@@ -11,7 +11,7 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.audio import ulaw_to_pcm16
+from audio import ulaw_to_pcm16
 from speech import ConfigurationError, OpenAISynthesizer, SynthesisError, Synthesizer
 
 from ..openai_audio_server import AudioServer, Mark, Wait

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.audio import resample_pcm16
+from audio import resample_pcm16
 from speech import (
     ConfigurationError,
     PocketsphinxTranscriber,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.audio import read_wav_ulaw, ulaw_to_pcm16
+from audio import read_wav_ulaw, ulaw_to_pcm16
 from speech import PocketsphinxPoolTranscriber, StreamFinishedError
 from tests import recordings_index as rec
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from audio import read_wav_ulaw, ulaw_to_float32
 
 RECORDINGS = Path(__file__).parents[1] / "recordings"
 

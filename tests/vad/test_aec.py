@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from audio import read_wav_ulaw, ulaw_to_float32
 from vad import EchoCanceller, EchoCancellerSettings, EchoCancellerUnavailable
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"

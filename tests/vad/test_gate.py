@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from gateway.audio import read_wav_ulaw, ulaw_to_float32
+from audio import read_wav_ulaw, ulaw_to_float32
 from vad import EchoGate, EchoGateBank, EchoGateSettings, GateReading, VadEngine
 from vad._features import BAND_CANDIDATE_DB, features_batch, window_features
 from vad._silero import load_runtime

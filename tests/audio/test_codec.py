@@ -1,4 +1,4 @@
-"""Tests for gateway.audio: G.711, float conversion, resampling, framing and WAV files."""
+"""Tests for audio._codec: G.711, float conversion, resampling, framing and WAV files."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gateway.audio as audio
-from gateway.audio import (
+import audio
+from audio import (
     AudioError,
     AudioFormatError,
     FrameAlignmentError,

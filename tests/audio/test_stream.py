@@ -8,8 +8,8 @@ import wave
 import numpy as np
 import pytest
 
-from gateway.audio import AudioError, resample_pcm16, ulaw_to_pcm16
-from speech import PcmInput, UlawEncoder, encode_wav_pcm16
+from audio import AudioError, resample_pcm16, ulaw_to_pcm16
+from audio import PcmInput, UlawEncoder, encode_wav_pcm16
 
 
 def tone(frequency: float, seconds: float, rate: int, level: float = 0.3) -> bytes:

@@ -1,4 +1,4 @@
-"""Audio helpers for the telephone leg: G.711 mu-law, PCM16, float32, resampling, WAV files.
+"""The telephone leg's audio: G.711 mu-law, PCM16, float32, resampling, WAV files.
 
 Twilio Media Streams carry 8 kHz mono G.711 mu-law in both directions. The VAD wants float32,
 TTS engines hand back PCM16 at 16, 22.05 or 24 kHz (often wrapped in a WAV header), and the test
@@ -36,12 +36,16 @@ with warnings.catch_warnings():
     import audioop
 
 __all__ = [
+    "FRAME_BYTES",
+    "FRAME_MS",
     "TELEPHONY_RATE",
+    "ULAW_BYTES_PER_MS",
     "ULAW_SILENCE",
     "AudioError",
     "AudioFormatError",
     "FrameAlignmentError",
     "ResampleState",
+    "check_sample_rate",
     "chunk_audio",
     "decode_wav_ulaw",
     "duration_ms",
@@ -58,6 +62,15 @@ __all__ = [
 
 TELEPHONY_RATE: Final = 8000
 """Sample rate of every Twilio Media Streams payload, in Hz."""
+
+ULAW_BYTES_PER_MS: Final = TELEPHONY_RATE // 1000
+"""Bytes of 8 kHz mu-law per millisecond (one byte per sample)."""
+
+FRAME_MS: Final = 20
+"""Length of each inbound media frame Twilio sends, in ms."""
+
+FRAME_BYTES: Final = FRAME_MS * ULAW_BYTES_PER_MS
+"""Bytes of mu-law in one 20 ms frame (160)."""
 
 ULAW_SILENCE: Final = b"\xff"
 """One mu-law sample of digital silence (+0); multiply for longer stretches."""
@@ -98,6 +111,12 @@ class AudioFormatError(AudioError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
+
+
+def check_sample_rate(name: str, rate: int) -> None:
+    """Raise :class:`AudioError` naming ``name`` unless ``rate`` is a positive integer."""
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
+        raise AudioError(f"{name} must be a positive integer, got {rate!r}")
 
 
 def _check_pcm16(data: bytes) -> None:
@@ -204,9 +223,8 @@ def resample_pcm16(
         AudioError: a rate is not a positive integer.
         FrameAlignmentError: ``data`` has an odd number of bytes.
     """
-    for name, rate in (("from_rate", from_rate), ("to_rate", to_rate)):
-        if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
-            raise AudioError(f"{name} must be a positive integer, got {rate!r}")
+    check_sample_rate("from_rate", from_rate)
+    check_sample_rate("to_rate", to_rate)
     _check_pcm16(data)
     if from_rate == to_rate:
         return data, state

@@ -5,8 +5,8 @@ Speech engines want PCM16 at their own rate (Pocketsphinx 16 kHz) and hand back 
 size, so a chunk may end in the middle of a sample: both converters carry the odd byte and the
 resampler state over, and their output for a stream does not depend on how it was chunked.
 
-:class:`UlawEncoder` low-pass filters before going down to 8 kHz. :func:`gateway.audio.
-resample_pcm16` (``audioop.ratecv``) interpolates without an anti-aliasing filter, which is fine
+:class:`UlawEncoder` low-pass filters before going down to 8 kHz. :func:`audio.resample_pcm16`
+(``audioop.ratecv``) interpolates without an anti-aliasing filter, which is fine
 for speech that was band-limited already, but TTS voices carry a lot of energy from 4 to 11 kHz
 (sibilants, and eSpeak's formant buzz); folded back below 4 kHz that sounds like hiss and
 clicks on the phone.
@@ -22,26 +22,22 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from gateway.audio import (
+from ._codec import (
     TELEPHONY_RATE,
     AudioError,
     ResampleState,
+    check_sample_rate,
     pcm16_to_ulaw,
     resample_pcm16,
 )
 
-__all__ = ["PcmInput", "UlawEncoder", "encode_wav_pcm16"]
+__all__ = ["ByteOrder", "PcmInput", "UlawEncoder", "encode_wav_pcm16"]
 
 ByteOrder = Literal["little", "big"]
 
 _NATIVE: Final[ByteOrder] = "little" if sys.byteorder == "little" else "big"
 _CUTOFF_HZ: Final = 3600.0  # passes the 300-3400 Hz telephone band, stops above 4 kHz
 _TRANSITION_HZ: Final = 700.0
-
-
-def _check_rate(name: str, rate: int) -> None:
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
-        raise AudioError(f"{name} must be a positive integer, got {rate!r}")
 
 
 def _to_native(data: bytes, byteorder: ByteOrder) -> bytes:
@@ -63,8 +59,8 @@ class PcmInput:
     """
 
     def __init__(self, *, from_rate: int, to_rate: int, byteorder: ByteOrder = "little") -> None:
-        _check_rate("from_rate", from_rate)
-        _check_rate("to_rate", to_rate)
+        check_sample_rate("from_rate", from_rate)
+        check_sample_rate("to_rate", to_rate)
         self.from_rate = from_rate
         self.to_rate = to_rate
         self._byteorder = byteorder
@@ -109,7 +105,7 @@ class UlawEncoder:
     """
 
     def __init__(self, from_rate: int, *, byteorder: ByteOrder = "little") -> None:
-        _check_rate("from_rate", from_rate)
+        check_sample_rate("from_rate", from_rate)
         self.from_rate = from_rate
         self._byteorder = byteorder
         self._carry = b""
@@ -161,7 +157,7 @@ def encode_wav_pcm16(pcm_le: bytes, *, sample_rate: int) -> bytes:
     Raises:
         AudioError: odd byte count or a bad rate.
     """
-    _check_rate("sample_rate", sample_rate)
+    check_sample_rate("sample_rate", sample_rate)
     if len(pcm_le) % 2:
         raise AudioError(f"PCM16 data must have an even number of bytes, got {len(pcm_le)}")
     header = struct.pack(
