@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from bus import Bus
+from bus import protocol as bp
 from nodes import AgentSession, OpenAIClient, OutputAgentNode, SessionWorker, ToneSynthesizer
 from nodes._turns import drop_last_user_turn
 
@@ -101,14 +102,16 @@ async def test_the_gateway_holds_a_reply_the_caller_did_not_hear_and_sends_the_t
 
     from .test_turn_replay import ROOT
 
-    uplink: list[dict[str, object]] = []
+    uplink: list[bp.UplinkEvent] = []
 
     async def slow_agent(the_bus: Bus, stop: asyncio.Event) -> None:
         async for call in the_bus.claim_calls("slow"):
             async for m in the_bus.uplink(call.call_sid, "slow"):
-                uplink.append(m.event)
+                event = bp.decode(m.event)
+                assert isinstance(event, bp.UplinkEvent)
+                uplink.append(event)
                 await the_bus.ack(call.call_sid, m.id)
-                if m.event["type"] == "call_ended":
+                if isinstance(event, bp.CallEnded):
                     return
 
     holder = ConfigHolder(ROOT / "config" / "agents.yaml")
@@ -124,12 +127,12 @@ async def test_the_gateway_holds_a_reply_the_caller_did_not_hear_and_sends_the_t
         transcribers.close()
     resumed = [e for e in timeline.events if e["type"] == "turn_resumed"]
     assert len(resumed) >= 2  # one per pause
-    cancels = [e for e in uplink if e["type"] == "interrupt" and e["reason"] == "resumed"]
-    assert len(cancels) == len(resumed) and all(e["heard_ms"] == 0.0 for e in cancels)
-    transcripts = [e for e in uplink if e["type"] == "transcript"]
-    assert transcripts[0].get("replaces_previous") is None
-    assert all(t["replaces_previous"] is True for t in transcripts[1:])
+    cancels = [e for e in uplink if isinstance(e, bp.Interrupt) and e.reason == "resumed"]
+    assert len(cancels) == len(resumed) and all(e.heard_ms == 0.0 for e in cancels)
+    transcripts = [e for e in uplink if isinstance(e, bp.Transcript)]
+    assert transcripts[0].replaces_previous is False
+    assert all(t.replaces_previous is True for t in transcripts[1:])
     # Each transcript carries the one before it: the last one is the whole turn.
     for before, after in zip(transcripts, transcripts[1:], strict=False):
-        assert str(after["text"]).startswith(str(before["text"]))
-    assert len(str(transcripts[-1]["text"]).split()) > len(str(transcripts[0]["text"]).split())
+        assert after.text.startswith(before.text)
+    assert len(transcripts[-1].text.split()) > len(transcripts[0].text.split())
