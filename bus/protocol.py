@@ -83,6 +83,8 @@ __all__ = [
     "UtteranceEnd",
     "UtteranceStart",
     "decode",
+    "decode_downlink",
+    "decode_uplink",
     "encode",
     "json_kind",
 ]
@@ -373,7 +375,7 @@ def _literal(allowed: tuple[str, ...]) -> _Reader:
         if value not in allowed:
             text = repr(value) if isinstance(value, str) else json_kind(value)
             _fail(where, f"must be one of {', '.join(allowed)}; got {text:.80}")
-        return typing.cast(str, value)
+        return value
     return read
 
 
@@ -509,3 +511,31 @@ def decode(raw: Mapping[str, Any] | str | bytes) -> BusEvent:
             continue
         values[f.name] = f.read(value, f"{kind}.{f.name}")
     return typing.cast(BusEvent, cls(**values))
+
+
+def decode_downlink(raw: Mapping[str, Any] | str | bytes) -> DownlinkEvent:
+    """:func:`decode` for what a gateway reads from a call's downlink: an uplink event there
+    (a worker or a tool writing to the wrong stream) is refused like an unknown one.
+
+    Raises:
+        EventDecodeError: as :func:`decode`; :class:`UnknownEventError` for an uplink event.
+    """
+    event = decode(raw)
+    if not isinstance(event, _DOWNLINK):
+        raise UnknownEventError(f"{event.type!r} is an uplink event, not one a worker sends",
+                                field="type")
+    return event
+
+
+def decode_uplink(raw: Mapping[str, Any] | str | bytes) -> UplinkEvent:
+    """:func:`decode` for what a worker reads from a call's uplink: a downlink event there is
+    refused like an unknown one.
+
+    Raises:
+        EventDecodeError: as :func:`decode`; :class:`UnknownEventError` for a downlink event.
+    """
+    event = decode(raw)
+    if not isinstance(event, _UPLINK):
+        raise UnknownEventError(f"{event.type!r} is a downlink event, not one a gateway sends",
+                                field="type")
+    return event

@@ -580,7 +580,7 @@ class CallSession:
         assert self.info is not None
         async for message in self._bus.downlink(self.info.call_sid):
             try:
-                event = bp.decode(message.event)
+                event = bp.decode_downlink(message.event)
             except EventDecodeError as exc:
                 SKIPPED_DOWNLINK.warning("skipped downlink event: %s", exc, extra=self._log.extra)
                 continue

@@ -363,7 +363,7 @@ async def replay_folder(folder: Path | str, *, events_out: IO[str] | None = None
                 await session.handle_text(line)
             while nxt is not None and int(nxt["after"]) <= n:
                 try:
-                    event = bp.decode(nxt["event"])
+                    event = bp.decode_downlink(nxt["event"])
                 except EventDecodeError as exc:  # a recording from before the protocol
                     log.warning("replay: recorded downlink event skipped: %s", exc)
                 else:

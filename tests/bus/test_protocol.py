@@ -290,3 +290,15 @@ def test_the_architecture_table_is_the_records() -> None:
                 for way, alias in (("up", bp.UplinkEvent), ("down", bp.DownlinkEvent))
                 for cls in typing.get_args(alias)]
     assert rows == expected
+
+
+def test_each_direction_refuses_the_other_sides_events() -> None:
+    up = bp.encode(bp.Dtmf(digit="1"))
+    down = bp.encode(bp.Hangup())
+    assert bp.decode_uplink(up) == bp.Dtmf(digit="1")
+    assert bp.decode_downlink(down) == bp.Hangup()
+    with pytest.raises(UnknownEventError, match="uplink event") as err:
+        bp.decode_downlink(up)
+    assert err.value.field == "type"
+    with pytest.raises(UnknownEventError, match="downlink event"):
+        bp.decode_uplink(down)
