@@ -381,6 +381,11 @@ class STTConfig(_Model):
     base_url: OptStr = None
     api_key: OptSecret = None
     language: str = "en-US"
+    transport: Literal["upload", "realtime"] = "upload"
+    """``openai``: ``upload`` sends each turn as a WAV at its end; ``realtime`` streams the
+    caller's audio during the turn over a Realtime transcription session (partial transcripts
+    as the caller speaks, the final ready soon after the turn's end; model default
+    ``gpt-live-transcribe``), and uploads the turn instead if the session fails."""
 
 
 class TTSConfig(_Model):

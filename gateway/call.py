@@ -439,6 +439,28 @@ class CallSession:
         for ulaw in self._preroll:
             self._stt_stream.feed(ulaw_to_pcm16(ulaw))
         self._preroll.clear()
+        if hasattr(self._stt_stream, "partials"):  # a streaming recogniser: partials are events
+            task = asyncio.create_task(self._partials(self._stt_stream))
+            self._stt_tasks.add(task)
+            task.add_done_callback(self._stt_tasks.discard)
+
+    async def _partials(self, stream: Any) -> None:
+        """The turn's interim transcripts (``transcript {final: false}``) as they come; the
+        end-of-turn estimate reads their text (a trailing "and" waits)."""
+        try:
+            async for partial in stream.partials():
+                if self.phase is CallPhase.ENDED:
+                    return
+                if stream is self._stt_stream:
+                    self.turn.set_transcript(partial.text)
+                self.emit("transcript", text=partial.text, final=False)
+                await self.publish("transcript", text=partial.text, final=False)
+        except Exception as exc:  # the stream still answers finish() (its fallback)
+            self._stt_error(exc, during="turn")
+
+    def _stt_error(self, exc: BaseException, *, during: str, fallback: str | None = None) -> None:
+        self._log.warning("speech to text failed (%s): %s", during, exc)
+        self.emit("stt_error", error=str(exc), during=during, fallback=fallback)
 
     async def _finish_transcription(self) -> None:
         stream, self._stt_stream = self._stt_stream, None
@@ -460,10 +482,13 @@ class CallSession:
         try:
             result = await stream.finish()
         except Exception as exc:  # a speech provider failing must not end the call
-            self._log.warning("speech to text failed: %s", exc)
+            self._stt_error(exc, during="final")
             return
         finally:
             stream.close()
+        degraded = getattr(stream, "degraded", None)
+        if degraded is not None:  # the streaming session failed; the upload answered
+            self._stt_error(degraded, during="final", fallback="upload")
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return

@@ -30,6 +30,7 @@ EVENT_TYPES = frozenset(
         "bot_utterance_resumed",
         "dtmf",
         "transcript",
+        "stt_error",
         "turn_likely",
         "turn_end",
         "turn_resumed",

@@ -176,6 +176,10 @@ class OpenAITranscriber(OpenAIClientOwner):
         import anyio.abc  # noqa: F401
 
         _ = self._client.audio.transcriptions  # the SDK's lazily imported resource tree
+        if self.transport is SttTransport.REALTIME:
+            import websockets.asyncio.client  # noqa: F401  (the SDK imports it on connect)
+
+            _ = self._client.realtime
         await anyio.sleep(0)  # loads anyio's asyncio backend, which httpx's transport uses
         send, receive = anyio.create_memory_object_stream[bytes](1)
         send.close()
