@@ -122,6 +122,9 @@ class RealtimeReply:
     final_ms: float = 0.0
     """The rest of the words and ``completed`` this long after the commit (the provider's
     latency)."""
+    final_text: str | None = None
+    """The completed transcript, when it differs from the deltas' words (a model that revised
+    its guess at the commit)."""
     fail: Literal["error", "failed", "close"] | None = None
     """How the session fails: an ``error`` event, ``...transcription.failed`` at the commit, or
     the socket closed (code 1011)."""
@@ -366,7 +369,8 @@ class AudioServer(ScriptedServer):
                         sent = await self._rt_delta(ws, reply, item, words, sent)
                     reply.completed_at = asyncio.get_running_loop().time()
                     await self._rt_send(ws, "conversation.item.input_audio_transcription.completed",
-                                        item_id=item, content_index=0, transcript=reply.text)
+                                        item_id=item, content_index=0,
+                                        transcript=reply.final_text or reply.text)
                     reply.completed.set()
         except asyncio.CancelledError:
             if not self._closing:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bus import Bus
 from gateway.call import CallSettings
 from gateway.replay import replay
@@ -81,3 +83,51 @@ async def test_partials_stream_during_the_turn_and_a_failed_session_is_survived(
     assert [e["text"] for e in bus_transcripts if e["final"]] == [f["text"] for f in finals]
     assert [e["text"] for e in bus_transcripts if not e["final"]] == [e["text"] for e in partials]
     assert uplink[-1]["type"] == "call_ended"  # the call went on to its end
+
+
+@pytest.mark.parametrize("final_text", [None, "go forward ten metres please"])
+async def test_a_speculative_transcript_is_confirmed_or_revised_by_the_final(
+    final_text: str | None,
+) -> None:
+    """turn.speculate: at turn_likely the partial goes out as the turn's text; a final with the
+    same words is only noted, one with other words drops the reply being made and replaces
+    the turn's text (one user message)."""
+    name, words = "barge_in_command_goforward", "go forward ten meters"
+    uplink: list[dict[str, object]] = []
+
+    async def listener(the_bus: Bus, stop: asyncio.Event) -> None:
+        async for call in the_bus.claim_calls("listener"):
+            async for m in the_bus.uplink(call.call_sid, "listener"):
+                uplink.append(m.event)
+                await the_bus.ack(call.call_sid, m.id)
+                if m.event["type"] == "call_ended":
+                    return
+
+    timeline = Timeline()
+    async with AudioServer() as server:
+        # A word per 150 ms of audio: the partial has every word by the turn's likely end.
+        server.realtime(words, delta_every_ms=150, final_ms=20, final_text=final_text)
+        async with OpenAITranscriber(transport="realtime", api_key="sk-test",
+                                     base_url=server.base_url, max_retries=0) as transcriber:
+            await replay(rec.source(name), agent=listener, realtime=True, speed=2.0,
+                         transcriber_for=lambda info: transcriber, timeline=timeline,
+                         settings=CallSettings(turn=TurnSettings(speculate=True)))
+    events = timeline.events
+    likely = next(e for e in events if e["type"] == "turn_likely")
+    finals = [e for e in events if e["type"] == "transcript" and e["final"]]
+    sent = [e for e in uplink if e["type"] == "transcript" and e["final"]]
+    # The partial went out at turn_likely, before the final came.
+    assert finals[0] == {"t_ms": likely["t_ms"], "type": "transcript", "text": words,
+                         "final": True, "speculative": True}
+    assert sent[0]["text"] == words
+    cancels = [e for e in uplink if e["type"] == "interrupt" and e["reason"] == "revised"]
+    if final_text is None:
+        assert finals[1]["dropped"] == "confirmed" and finals[1]["text"] == words
+        assert len(sent) == 1 and cancels == []
+    else:
+        assert finals[1]["text"] == final_text and finals[1]["revises"] is True
+        assert len(cancels) == 1
+        assert (cancels[0]["utterance_id"], cancels[0]["heard_ms"]) == (None, 0.0)
+        assert [e["text"] for e in sent] == [words, final_text]
+        assert sent[1]["replaces_previous"] is True
+        assert uplink.index(cancels[0]) < uplink.index(sent[1])  # the cancel goes first
