@@ -3,6 +3,10 @@
 
 * ``POST /v1/audio/transcriptions`` (multipart, as the SDK sends it): ``{"text": ...}`` after
   ``stt_ms`` (the file is read in full first, so the clock starts when the upload is done).
+* ``GET /v1/realtime?intent=transcription`` (WebSocket, OpenAI's Realtime transcription
+  protocol): a word of the transcript as a ``...transcription.delta`` per ``delta_every_ms``
+  of audio appended (a streaming model hears the turn as it is spoken), and the rest with
+  ``...transcription.completed`` ``stt_ms`` after ``input_audio_buffer.commit``.
 * ``POST /v1/chat/completions`` with ``stream: true``: server-sent events, the first content
   token after ``llm_ms``, the rest right behind it.
 * ``POST /v1/audio/speech`` (``response_format: pcm``): 24 kHz 16-bit PCM, chunked, the first
@@ -14,13 +18,14 @@ bench/ may not import tests/, so this is the bench's own small server.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 __all__ = ["Latencies", "OpenAIStub"]
 
@@ -35,6 +40,8 @@ class Latencies:
     """First streamed token after the request."""
     tts_ms: float = 200.0
     """First audio byte after the request."""
+    delta_every_ms: float = 250.0
+    """Realtime transcription: a partial word per this much audio received."""
 
 
 class OpenAIStub:
@@ -54,6 +61,7 @@ class OpenAIStub:
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/audio/speech", self._speech)
+        app.router.add_get("/v1/realtime", self._realtime)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -71,6 +79,44 @@ class OpenAIStub:
         self.requests.append((request.path, time.perf_counter()))
         await asyncio.sleep(self.latencies.stt_ms / 1000)
         return _closing(web.json_response({"text": self.TRANSCRIPT}))
+
+    async def _realtime(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.requests.append((request.path, time.perf_counter()))
+        words, sent, received = self.TRANSCRIPT.split(" "), 0, 0
+        ids = iter(range(1, 1 << 30))
+
+        async def send(kind: str, **fields: object) -> None:
+            await ws.send_json({"type": kind, "event_id": f"event_{next(ids)}", **fields})
+
+        async def delta() -> None:
+            nonlocal sent
+            await send("conversation.item.input_audio_transcription.delta", item_id="item_1",
+                       content_index=0, delta=words[sent] if sent == 0 else " " + words[sent])
+            sent += 1
+
+        await send("session.created", session={"type": "transcription"})
+        async for msg in ws:
+            if msg.type is not WSMsgType.TEXT:
+                continue
+            event = json.loads(msg.data)
+            kind = event.get("type")
+            if kind == "session.update":
+                await send("session.updated", session=event.get("session"))
+            elif kind == "input_audio_buffer.append":
+                received += len(base64.b64decode(event.get("audio", ""))) // 8  # mu-law: ms
+                while sent < len(words) and received >= (sent + 1) * self.latencies.delta_every_ms:
+                    await delta()
+            elif kind == "input_audio_buffer.commit":
+                await send("input_audio_buffer.committed", item_id="item_1",
+                           previous_item_id=None)
+                await asyncio.sleep(self.latencies.stt_ms / 1000)
+                while sent < len(words):
+                    await delta()
+                await send("conversation.item.input_audio_transcription.completed",
+                           item_id="item_1", content_index=0, transcript=self.TRANSCRIPT)
+        return ws
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

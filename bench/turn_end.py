@@ -470,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
     ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--patience", type=float, nargs="*", default=[],
+                    help="also score the prosody detector with these turn.patience values")
     ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
     args = ap.parse_args(argv)
     if args.smart_turn is not None and not args.smart_turn.is_file():
@@ -512,7 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     methods.append((f"prosody (min {settings.min_wait_ms:.0f}, max {settings.max_wait_ms:.0f} ms)",
                     detector_method(settings)))
-    methods.append(("prosody, patience 1.3", detector_method(replace(settings, patience=1.3))))
+    for patience in (1.3, *args.patience):
+        methods.append((f"prosody, patience {patience:g}",
+                        detector_method(replace(settings, patience=patience))))
     methods.append(("prosody, no early start", detector_method(replace(settings, early_ms=0))))
     smart = SmartTurn(args.smart_turn) if args.smart_turn else None
     if smart is not None:

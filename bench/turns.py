@@ -18,8 +18,12 @@ speech -> the first ``bot_utterance_started`` after it, at its ``play_at_ms``):
   ``turn_likely`` (callgate starts the reply early and holds it until ``turn_end``) or at
   ``turn_end`` (gateway, bus, worker, HTTP on loopback, resampling, pacing).
 
-Two methods in the same run: callgate's turn taking (the agent's defaults) and a plain silence
-timer (``--baseline-ms``, 700 by default) that sends the transcript at its end.
+Methods in the same run: callgate's turn taking (the agent's defaults; ``--patience P...`` adds
+rows with ``turn.patience`` P; ``--speculate`` each of them again with ``turn.speculate``) with speech to text streamed over the realtime protocol
+(``--stt realtime``, the default: the stub's transcription completes ``stt_ms`` after the
+commit) or uploaded at the turn's end (``--stt upload``), and a plain silence timer
+(``--baseline-ms``, 700 by default) that uploads the turn at its end. A second table gives the
+gateway's own ``turn_latency`` events per stage (gateway/timeline.py ``TurnClock``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ DEFAULT_RECORDINGS = ("long_turn_librivox", "turn_gap_then_barge_in", "barge_in_
 KEY_VAR = "CALLGATE_BENCH_KEY"
 
 
-def _config_text(base_url: str, turn: dict[str, Any]) -> str:
+def _config_text(base_url: str, turn: dict[str, Any], transport: str = "upload") -> str:
     key = "${" + KEY_VAR + "}"
     turn_yaml = ", ".join(f"{k}: {v}" for k, v in turn.items())
     return f"""
@@ -55,7 +59,8 @@ default_agent: bench
 agents:
   bench:
     llm: {{provider: openai, model: stub-llm, base_url: "{base_url}", api_key: "{key}"}}
-    stt: {{provider: openai, model: whisper-1, base_url: "{base_url}", api_key: "{key}"}}
+    stt: {{provider: openai, model: whisper-1, base_url: "{base_url}", api_key: "{key}",
+          transport: {transport}}}
     tts: {{provider: openai, model: tts-1, voice: alloy, base_url: "{base_url}", api_key: "{key}"}}
     turn: {{{turn_yaml}}}
 """
@@ -68,6 +73,9 @@ class TurnLatency:
     v2v_ms: float
     decide_ms: float
     own_ms: float
+    stages: dict[str, float | None]
+    """The gateway's own ``turn_latency`` event of the reply (gateway/timeline.py), its stages
+    after the detector's end of speech; empty if the reply was never heard."""
 
 
 def _turn_ends(name: str) -> list[float]:
@@ -96,12 +104,15 @@ def _measure(name: str, events: list[dict[str, Any]], providers_ms: float) -> li
                   and end - 100 <= float(e["t_ms"]) <= t_end]
         sent = likely[-1] if likely else t_end
         floor = max(t_end, sent + providers_ms)
-        out.append(TurnLatency(name, end, first - end, t_end - end, first - floor))
+        clock = next((e for e in events if e["type"] == "turn_latency"
+                      and e.get("utterance_id") == started.get("utterance_id")), {})
+        stages = {k: v for k, v in clock.items() if k.endswith("_ms") and k != "t_ms"}
+        out.append(TurnLatency(name, end, first - end, t_end - end, first - floor, stages))
     return out
 
 
-async def _run_method(names: Sequence[str], stub: OpenAIStub, turn: dict[str, Any]
-                      ) -> list[TurnLatency]:
+async def _run_method(names: Sequence[str], stub: OpenAIStub, turn: dict[str, Any],
+                      transport: str = "upload") -> list[TurnLatency]:
     from config import ConfigHolder
     from gateway.replay import replay
     from gateway.server import TranscriberCache, call_settings_from
@@ -110,7 +121,7 @@ async def _run_method(names: Sequence[str], stub: OpenAIStub, turn: dict[str, An
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "agents.yaml"
-        path.write_text(_config_text(stub.base_url, turn))
+        path.write_text(_config_text(stub.base_url, turn, transport))
         holder = ConfigHolder(path)
         agent = holder.current.agents["bench"]
         settings = call_settings_from(agent.barge_in, agent.turn)
@@ -141,6 +152,18 @@ def _pct(values: Sequence[float], q: float) -> float:
     return v[k]
 
 
+STAGE_COLUMNS = ("turn_end_ms", "stt_ms", "transcript_ms", "llm_first_text_ms",
+                 "tts_first_audio_ms", "first_audio_ms", "heard_ms", "hold_ms")
+
+
+def _stage_row(name: str, turns: Sequence[TurnLatency]) -> str:
+    cells = []
+    for col in STAGE_COLUMNS:
+        v = [x for t in turns if (x := t.stages.get(col)) is not None]
+        cells.append(f"{_pct(v, 50):.0f} / {_pct(v, 95):.0f}")
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
 def _row(name: str, turns: Sequence[TurnLatency]) -> str:
     v = [t.v2v_ms for t in turns]
     d = [t.decide_ms for t in turns]
@@ -153,20 +176,32 @@ def _row(name: str, turns: Sequence[TurnLatency]) -> str:
 async def _main(args: argparse.Namespace) -> int:
     lat = Latencies(stt_ms=args.stt_ms, llm_ms=args.llm_ms, tts_ms=args.tts_ms)
     os.environ.setdefault(KEY_VAR, "sk-bench")
-    methods = [("callgate turn taking (defaults)", {}),
-               (f"silence timer {args.baseline_ms:.0f} ms",
-                {"mode": "silence", "silence_ms": args.baseline_ms, "early_ms": 0})]
+    timer = {"mode": "silence", "silence_ms": args.baseline_ms, "early_ms": 0}
+    methods = [(f"callgate turn taking (defaults), {args.stt} stt", {}, args.stt),
+               *[(f"callgate, patience {p:g}, {args.stt} stt", {"patience": p}, args.stt)
+                 for p in args.patience]]
+    if args.speculate:
+        methods += [(f"{name}, speculative", {**turn, "speculate": "true"}, stt)
+                    for name, turn, stt in methods]
+    methods.append((f"silence timer {args.baseline_ms:.0f} ms, upload stt", timer, "upload"))
     print(f"# providers: stt {lat.stt_ms:.0f} ms, first LLM token {lat.llm_ms:.0f} ms, first TTS "
           f"byte {lat.tts_ms:.0f} ms; recordings: {', '.join(args.recordings)}")
     print("\n| method | turns | voice to voice p50 / p95 | decided (end of speech -> turn end) "
           "p50 / p95 | callgate's own p50 / p95 |\n|---|---|---|---|---|")
     report = {}
-    for name, turn in methods:
+    stage_rows = []
+    for name, turn, transport in methods:
         async with OpenAIStub(lat) as stub:
-            turns = await _run_method(args.recordings, stub, turn)
+            turns = await _run_method(args.recordings, stub, turn, transport)
         print(_row(name, turns), flush=True)
-        report[name] = [t.__dict__ if hasattr(t, "__dict__") else
-                        {f: getattr(t, f) for f in t.__dataclass_fields__} for t in turns]
+        stage_rows.append(_stage_row(name, turns))
+        report[name] = [{f: getattr(t, f) for f in t.__dataclass_fields__} for t in turns]
+    print("\nThe gateway's turn_latency events (ms after the detector's end of speech, p50 / p95;"
+          " stt: after the commit; hold: the gateway's own wait once audio and turn end were in):"
+          "\n\n| method | " + " | ".join(c.removesuffix("_ms") for c in STAGE_COLUMNS)
+          + " |\n|---|" + "---|" * len(STAGE_COLUMNS))
+    for row in stage_rows:
+        print(row)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
@@ -180,6 +215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tts-ms", type=float, default=200.0)
     ap.add_argument("--baseline-ms", type=float, default=700.0,
                     help="the silence timer measured alongside (ms)")
+    ap.add_argument("--stt", choices=("realtime", "upload"), default="realtime",
+                    help="callgate's speech to text: streamed over the realtime protocol, or "
+                         "uploaded at the turn's end (the timer baseline always uploads)")
+    ap.add_argument("--patience", type=float, nargs="*", default=[],
+                    help="also measure callgate with these turn.patience values")
+    ap.add_argument("--speculate", action="store_true",
+                    help="also measure each callgate row with turn.speculate (the partial "
+                         "transcript sent at turn_likely)")
     ap.add_argument("--recordings", nargs="+", default=list(DEFAULT_RECORDINGS))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

@@ -95,9 +95,10 @@ PROTOCOL_VERSION: Final = (1, 0)
 _VERSION_TEXT: Final = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 _FRAME: Final = ("type", "v", "eid")  # the envelope: never a record's field
 
-InterruptReason: TypeAlias = Literal["speech", "dtmf", "resumed"]
+InterruptReason: TypeAlias = Literal["speech", "dtmf", "resumed", "revised"]
 """Why the gateway stopped the bot: the caller spoke over it, keyed a digit, or resumed a turn
-before hearing any of its reply."""
+before hearing any of its reply, or a streaming transcript's final revised the partial its reply
+was started on (``turn.speculate``)."""
 
 PlaybackState: TypeAlias = Literal["playing", "finished", "interrupted", "resumed"]
 """Where an utterance's playback is: ``playing`` (progress), then ``finished`` or

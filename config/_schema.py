@@ -338,11 +338,18 @@ class TurnConfig(_Model):
     """The wait after a turn that sounds clearly unfinished; at least ``min_wait_ms``."""
     text_wait_ms: float = Field(1500.0, ge=0)
     """The least wait when the partial transcript ends on a continuation word."""
+    answer_wait_ms: float = Field(300.0, ge=0)
+    """The most wait when the partial transcript is a complete short answer (yes, no, a digit
+    string); partials come only from a streaming recogniser (``stt.transport: realtime``)."""
     silence_ms: float = Field(700.0, ge=0)
     """The fixed wait of ``mode: silence``."""
     early_ms: float = Field(200.0, ge=0)
     """Silence after which the transcript goes out so the agent starts its reply, held until the
     turn's end is confirmed (dropped if the caller goes on); 0: off."""
+    speculate: bool = False
+    """With ``stt.transport: realtime``: at ``early_ms`` send the partial transcript at once
+    (the reply starts without waiting for the final); a final that differs drops the reply
+    and makes it again from the final."""
 
     @model_validator(mode="after")
     def _check_waits(self) -> TurnConfig:
@@ -381,6 +388,11 @@ class STTConfig(_Model):
     base_url: OptStr = None
     api_key: OptSecret = None
     language: str = "en-US"
+    transport: Literal["upload", "realtime"] = "upload"
+    """``openai``: ``upload`` sends each turn as a WAV at its end; ``realtime`` streams the
+    caller's audio during the turn over a Realtime transcription session (partial transcripts
+    as the caller speaks, the final ready soon after the turn's end; model default
+    ``gpt-live-transcribe``), and uploads the turn instead if the session fails."""
 
 
 class TTSConfig(_Model):

@@ -51,7 +51,7 @@ from vad._turn import TurnDecision, TurnDetector, TurnSettings
 from . import twilio_protocol as tp
 from .logs import RateLimitedLog
 from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
-from .timeline import Timeline
+from .timeline import Timeline, TurnClock
 
 __all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
 
@@ -113,6 +113,11 @@ class CallSettings:
 Authorize = Callable[[tp.Start], Awaitable[CallInfo]]
 
 
+def _words(text: str) -> list[str]:
+    """Lower-case words, punctuation dropped: a speculative transcript and its final compare."""
+    return "".join(c if c.isalnum() or c in "' " else " " for c in text.lower()).split()
+
+
 async def _accept_any(start: tp.Start) -> CallInfo:
     return CallInfo(
         call_sid=start.call_sid,
@@ -172,6 +177,8 @@ class CallSession:
         self._stt_backchannel = False
         self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
+        self._heard_utterance: str | None = None
+        TurnClock(self.timeline)  # per-turn latencies: turn_latency events
         self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
 
     def _configure(self) -> None:
@@ -192,6 +199,8 @@ class CallSession:
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
         self._carry_text = False  # the caller went on before the early transcript came back
+        # turn.speculate: (stream, text sent, merged prefix) while its final is on its way.
+        self._speculated: tuple[Any, str, str | None] | None = None
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -236,6 +245,10 @@ class CallSession:
         elif isinstance(msg, tp.Mark):
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
             u = self.playback.current
+            if u is not None and u.heard_ms > 0 and u.id != self._heard_utterance:
+                self._heard_utterance = u.id  # its first chunk has played at the caller
+                self.emit("bot_utterance_heard", utterance_id=u.id,
+                          played_from_ms=round(self.now_ms - u.heard_ms, 1))
             if self._unanswered is not None and u is not None and u.heard_ms > 0:
                 self._unanswered = None  # the caller has heard the reply begin: turn closed
             await self._report_progress()
@@ -394,6 +407,8 @@ class CallSession:
             self._turn_tentative = True
             self.emit("turn_likely", speech_end_ms=self.turn.last_speech_end_ms,
                       silence_ms=self.turn.silence_ms)
+            if self.settings.turn.speculate:
+                await self._speculate()
             await self._finish_transcription()
             return
         if decision is not TurnDecision.TURN_END:
@@ -418,6 +433,52 @@ class CallSession:
                   p_end=round(est.p_end, 3) if est else None,
                   text_hold=est.text_hold if est else False)
         await self._finish_transcription()
+
+    async def _speculate(self) -> None:
+        """Send a streaming recogniser's partial as the turn's text now (``turn.speculate``):
+        the agent starts on it; its final, when it comes, confirms or revises it."""
+        stream = self._stt_stream
+        if (stream is None or not hasattr(stream, "partials") or self._stt_backchannel
+                or self._over_uninterruptible):
+            return
+        partial = await stream.partial()
+        text = partial.text.strip() if partial is not None else ""
+        if not text:
+            return
+        prefix, self._merge_text = self._merge_text, None
+        whole = f"{prefix} {text}".strip() if prefix else text
+        extra: dict[str, Any] = {"replaces_previous": True} if prefix is not None else {}
+        self.emit("transcript", text=whole, final=True, speculative=True, **extra)
+        await self.publish(bp.Transcript(text=whole, final=True,
+                                         replaces_previous=prefix is not None, t_ms=self.now_ms))
+        self._unanswered = whole
+        self._turn_end_ms = self.now_ms
+        self._speculated = (stream, whole, prefix)
+
+    async def _settle_speculation(self, said: str, prefix: str | None, text: str) -> None:
+        """The final transcript of a turn whose partial was sent (``_speculate``)."""
+        whole = f"{prefix} {text}".strip() if prefix else text
+        if self._merge_text == said:  # the caller went on meanwhile: carry the final's words
+            self._merge_text = whole
+            self.emit("transcript", text=whole, final=True, dropped="resumed")
+            return
+        if _words(whole) == _words(said):
+            self.emit("transcript", text=whole, final=True, dropped="confirmed")
+            return
+        u = self.playback.current
+        if self._unanswered != said or (u is not None and not u.interruptible):
+            # The reply is heard already (or must be): too late to make it again.
+            self.emit("transcript", text=whole, final=True, dropped="late")
+            return
+        if u is not None:
+            await self._interrupt(reason="revised")
+        else:  # still being made: the worker cancels it (unknown utterance)
+            await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
+                                            reason="revised", t_ms=self.now_ms))
+        self.emit("transcript", text=whole, final=True, replaces_previous=True, revises=True)
+        await self.publish(bp.Transcript(text=whole, final=True, replaces_previous=True,
+                                         t_ms=self.now_ms))
+        self._unanswered = whole
 
     async def _hold_reply(self) -> None:
         """The caller spoke again after a turn end, before hearing any of the reply: drop the
@@ -446,6 +507,29 @@ class CallSession:
         for ulaw in self._preroll:
             self._stt_stream.feed(ulaw_to_pcm16(ulaw))
         self._preroll.clear()
+        if hasattr(self._stt_stream, "partials"):  # a streaming recogniser: partials are events
+            task = asyncio.create_task(self._partials(self._stt_stream))
+            self._stt_tasks.add(task)
+            task.add_done_callback(self._stt_tasks.discard)
+
+    async def _partials(self, stream: Any) -> None:
+        """The turn's interim transcripts (``transcript {final: false}``) as they come; the
+        end-of-turn estimate reads their text (a trailing "and" waits)."""
+        try:
+            async for partial in stream.partials():
+                if self.phase is CallPhase.ENDED:
+                    return
+                if stream is self._stt_stream:
+                    self.turn.set_transcript(partial.text)
+                self.emit("transcript", text=partial.text, final=False)
+                await self.publish(bp.Transcript(text=partial.text, final=False,
+                                                 t_ms=self.now_ms))
+        except Exception as exc:  # the stream still answers finish() (its fallback)
+            self._stt_error(exc, during="turn")
+
+    def _stt_error(self, exc: BaseException, *, during: str, fallback: str | None = None) -> None:
+        self._log.warning("speech to text failed (%s): %s", during, exc)
+        self.emit("stt_error", error=str(exc), during=during, fallback=fallback)
 
     async def _finish_transcription(self) -> None:
         stream, self._stt_stream = self._stt_stream, None
@@ -467,12 +551,20 @@ class CallSession:
         try:
             result = await stream.finish()
         except Exception as exc:  # a speech provider failing must not end the call
-            self._log.warning("speech to text failed: %s", exc)
+            self._stt_error(exc, during="final")
             return
         finally:
             stream.close()
+        degraded = getattr(stream, "degraded", None)
+        if degraded is not None:  # the streaming session failed; the upload answered
+            self._stt_error(degraded, during="final", fallback="upload")
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
+            return
+        if self._speculated is not None and self._speculated[0] is stream and not dropped:
+            _, said, prefix = self._speculated
+            self._speculated = None
+            await self._settle_speculation(said, prefix, text)
             return
         extra: dict[str, Any] = {"dropped": reason} if dropped else {}
         if self._carry_text and not dropped:

@@ -127,7 +127,7 @@ class ConversationPrinter:
         if kind == "interrupt_suppressed":
             return [f"{t}  caller speaks over a non-interruptible utterance: interrupt "
                     f"suppressed (policy {e.get('policy')})"]
-        if kind == "transcript":
+        if kind == "transcript" and e.get("final", True):  # partials: the console shows them
             dropped = e.get("dropped")
             note = f" ({dropped}: not sent to the agent)" if dropped else ""
             return [f"{t}  caller: \"{e.get('text', '')}\"{note}"]

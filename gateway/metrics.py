@@ -15,11 +15,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from .timeline import TURN_STAGES
+
 __all__ = ["BUS_COUNTERS", "CONTENT_TYPE", "REFUSAL_REASONS", "GatewayMetrics", "WorkerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.0)
+# Per-turn stages span the end-of-turn wait (0.2-2.4 s) and slow providers; the targets of
+# voice to voice (0.7 s p50, 1.1 s p95) are bounds.
+_TURN_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5,
+                 2.0, 2.5, 3.0, 5.0)
 
 REFUSAL_REASONS = ("draining", "at_capacity", "overloaded", "socket_over_capacity", "token",
                    "unhealthy", "duplicate_stream", "pending_sockets", "start_timeout",
@@ -159,6 +165,20 @@ class GatewayMetrics:
         self.onset_to_clear = Histogram("callgate_onset_to_clear_seconds",
                                         "Caller speech onset to clear sent (media time)",
                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.turn_latency = Histogram(
+            "callgate_turn_latency_seconds",
+            "Per caller turn, from the end of the caller's speech to each stage of the reply "
+            "(media time; stage: " + ", ".join(TURN_STAGES) + "; first_audio is voice to voice)",
+            ["stage"], buckets=_TURN_BUCKETS, registry=r)
+        self.turn_stt = Histogram("callgate_turn_stt_seconds",
+                                  "Final transcript after it was asked for (commit or upload)",
+                                  buckets=_TURN_BUCKETS, registry=r)
+        self.turn_hold = Histogram(
+            "callgate_turn_hold_seconds",
+            "The reply's first audio on the line after its audio came and the turn's end was "
+            "decided (the gateway's own share)", buckets=_LATENCY_BUCKETS, registry=r)
+        self.stt_errors = Counter("callgate_stt_errors", "Speech-to-text failures",
+                                  ["fallback"], registry=r)
         self.publish_seconds = Histogram("callgate_bus_publish_seconds",
                                          "Time to hand an uplink event to the bus",
                                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1),
@@ -208,6 +228,15 @@ class GatewayMetrics:
             self.resumes.inc()
         elif kind == "call_started":
             self.calls.inc()
+        elif kind == "turn_latency":
+            for stage in TURN_STAGES:
+                ms = event.get(f"{stage}_ms")
+                if ms is not None:
+                    self.turn_latency.labels(stage=stage).observe(max(0.0, ms / 1000))
+            self.turn_stt.observe(max(0.0, event["stt_ms"] / 1000))
+            self.turn_hold.observe(event["hold_ms"] / 1000)
+        elif kind == "stt_error":
+            self.stt_errors.labels(fallback=str(event.get("fallback") or "none")).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -109,7 +109,8 @@ class TurnLatencies:
             out.append(self._record(t, "onset_to_clear", t - float(event["onset_ms"])))
         elif kind == "speech_stopped":
             self._stopped_ms, self._transcript_ms = t, None
-        elif kind == "transcript" and self._stopped_ms is not None and not event.get("dropped"):
+        elif (kind == "transcript" and self._stopped_ms is not None and not event.get("dropped")
+              and event.get("final", True)):
             self._transcript_ms = t
             out.append(self._record(t, "stop_to_transcript", t - self._stopped_ms))
         elif kind == "bot_utterance_started" and self._transcript_ms is not None:

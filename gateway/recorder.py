@@ -237,7 +237,8 @@ class CallRecorder:
                 speech.append({"kind": "speech", "start_ms": opened, "end_ms": float(e["t_ms"]),
                                "text": "", "unverified": True})
                 opened = None
-            elif e["type"] == "transcript" and speech and not speech[-1]["text"]:
+            elif (e["type"] == "transcript" and e.get("final", True) and speech
+                  and not speech[-1]["text"]):
                 speech[-1]["text"] = e.get("text", "")
         clears = [e for e in self._events if e["type"] == "clear_sent" and "onset_ms" in e]
         stops = [e for e in self._events if e["type"] == "barge_in"]

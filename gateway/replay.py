@@ -175,7 +175,8 @@ async def replay(
     no media time however loaded the machine is. An agent that waits on another process (an LLM
     across the network) answers in wall time: give it ``realtime``. ``transcriber_for`` gives the
     call its speech to text (``speech.make_transcriber``), as the live gateway does; each
-    caller turn is transcribed before the next frame.
+    caller turn is transcribed before the next frame (lock-step), or, with ``realtime``, as the
+    live gateway does it: alongside the frames that follow (the media clock goes on meanwhile).
 
     Raises:
         ReplayError: The recording cannot be read, or the work a frame started was still going
@@ -206,10 +207,10 @@ async def replay(
             await engine.start()
         if own_bus:
             await the_bus.start()
-        # Transcribed in the frame that ends the caller's turn: the replay waits for it.
+        # Lock-step: transcribed in the frame that ends the caller's turn (the replay waits).
         session = CallSession(send=send, bus=the_bus, vad=engine, settings=settings,
                               timeline=timeline, transcriber_for=transcriber_for,
-                              transcribe_inline=True)
+                              transcribe_inline=not realtime)
         lockstep = Lockstep.of() if agent is not None else None
         agent_task = asyncio.create_task(agent(the_bus, stop_agent)) if agent else None
         t0 = time.monotonic()

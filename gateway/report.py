@@ -207,7 +207,7 @@ def render_report(*, title: str, inbound: bytes, events: list[dict[str, Any]],
                        f'<text x="{x(e["t_ms"]) + 2:.1f}" y="{y_ev + 14 + 12 * (row % 3)}" '
                        f'fill="{color}"><title>{html.escape(_detail(e))}</title>{label}</text>')
             row += 1
-        elif e["type"] == "transcript":
+        elif e["type"] == "transcript" and e.get("final", True):
             svg.append(f'<text x="{x(e["t_ms"]):.1f}" y="{y_ev + 60 + 14 * (row % 4)}" '
                        f'fill="#1b5fae">"{html.escape(str(e.get("text", "")))}"'
                        f'{" (" + html.escape(str(e["dropped"])) + ")" if e.get("dropped") else ""}'

@@ -676,7 +676,8 @@ class TranscriberCache:
         key = ("stt", stt.model_dump_json())  # an unknown agent gets the default's, shared
         if key not in self._cache:
             if stt.provider == "openai":
-                opts: dict[str, Any] = {"language": stt.language.split("-")[0]}
+                opts: dict[str, Any] = {"language": stt.language.split("-")[0],
+                                        "transport": stt.transport}
                 if stt.model:
                     opts["model"] = stt.model
                 if stt.base_url:

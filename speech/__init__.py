@@ -3,7 +3,8 @@
 * ``_stt``: the :class:`Transcriber` seam (one :class:`TranscriptionStream` per utterance),
   :class:`Transcript`, and :func:`make_transcriber`.
 * ``_pocketsphinx``: :class:`PocketsphinxTranscriber`, offline, streamed while the caller speaks.
-* ``_openai_stt``: :class:`OpenAITranscriber`, the utterance uploaded as a WAV on ``finish()``.
+* ``_openai_stt``: :class:`OpenAITranscriber`, the utterance uploaded as a WAV on ``finish()``,
+  or streamed during the turn over a Realtime transcription session (``transport="realtime"``).
 * ``_tts``: the :class:`Synthesizer` seam (same shape as ``nodes.Synthesizer``),
   :func:`split_sentences` and :func:`make_synthesizer`.
 * ``_espeak``: :class:`EspeakSynthesizer`, offline, eSpeak NG through ctypes, per sentence.
@@ -27,7 +28,7 @@ from ._errors import (
     TranscriptionError,
 )
 from ._espeak import EspeakSynthesizer
-from ._openai_stt import OpenAIStream, OpenAITranscriber
+from ._openai_stt import OpenAIRealtimeStream, OpenAIStream, OpenAITranscriber, SttTransport
 from ._openai_tts import OpenAISynthesizer
 from ._pocketsphinx import TELEPHONE_CMNINIT, PocketsphinxStream, PocketsphinxTranscriber
 from ._pocketsphinx_pool import PocketsphinxPoolStream, PocketsphinxPoolTranscriber
@@ -39,6 +40,7 @@ __all__ = [
     "ConfigurationError",
     "EngineUnavailableError",
     "EspeakSynthesizer",
+    "OpenAIRealtimeStream",
     "OpenAIStream",
     "OpenAISynthesizer",
     "OpenAITranscriber",
@@ -49,6 +51,7 @@ __all__ = [
     "SpeechError",
     "StreamClosedError",
     "StreamFinishedError",
+    "SttTransport",
     "StreamState",
     "StreamStateError",
     "SynthesisError",

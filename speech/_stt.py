@@ -14,6 +14,11 @@ interim result, and calls ``finish`` when the turn ends::
 
 A stream carries one utterance: after ``finish`` it takes no more audio. ``close`` releases its
 resources at any point and is idempotent.
+
+A streaming recogniser's stream may also offer ``partials()``, an async iterator of interim
+:class:`Transcript` (``final=False``, each the words so far) as the service sends them
+(:class:`~speech.OpenAIRealtimeStream`); the gateway publishes them as they come. Its
+``degraded`` attribute, when set, says why ``finish`` had to fall back (the upload).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ waits for a silence whose length depends on how *finished* the last voiced stret
   a pitch held up or rising says "more to come". A short turn ("yes", "no", a digit string)
   counts as done.
 * **text**, where a partial transcript streams in (:meth:`TurnDetector.set_transcript`): a turn
-  whose words end on a continuation ("and", "um", "the", "my", ...) waits the longest.
+  whose words end on a continuation ("and", "um", "the", "my", ...) waits the longest; one
+  that is a complete short answer ("yes", "no", a digit string) ends after ``answer_wait_ms``.
 
 From these an end-of-turn estimate ``p_end`` in [0, 1] (a logistic model whose weights were fitted
 on one split of voices and checked on another: docs/turns.md) sets the silence to wait for::
@@ -42,6 +43,7 @@ import numpy.typing as npt
 from audio import TELEPHONY_RATE
 
 __all__ = [
+    "COMPLETE_ANSWERS",
     "CONTINUATION_WORDS",
     "EndEstimate",
     "ProsodyWeights",
@@ -62,9 +64,19 @@ _RING = 1024  # kept samples: a window, its history and the rest of the frame th
 CONTINUATION_WORDS: frozenset[str] = frozenset(
     """and or but so because um uh er erm hmm the a an my your our their his her its to of for
     with in on at from by about if than that which who whose when while then like is are was
-    were be i i'm we you they it's it was there's please uh-huh""".split()
+    were be i i'm we you they it's it was there's uh-huh""".split()
 )
-"""A partial transcript ending on one of these is an unfinished phrase: the turn waits longest."""
+"""A partial transcript ending on one of these is an unfinished phrase: the turn waits longest.
+("please" is not one: "my balance please" is done.)"""
+
+COMPLETE_ANSWERS: frozenset[str] = frozenset(
+    """yes yeah yep yup no nope nah okay ok sure correct right thanks zero oh one two three
+    four five six seven eight nine""".split()
+)
+"""A partial transcript made only of these (or digits), at most ``_ANSWER_WORDS`` words, is a
+complete short answer ("yes", "no", "four one two seven"): the turn ends after
+``answer_wait_ms``."""
+_ANSWER_WORDS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +117,20 @@ class TurnSettings:
     """The wait after a turn that sounds clearly unfinished (``p_end`` = 0)."""
     text_wait_ms: float = 1500.0
     """The least wait when the partial transcript ends on a continuation word."""
+    answer_wait_ms: float = 300.0
+    """The most wait when the partial transcript is a complete short answer (yes, no, a digit
+    string; ``COMPLETE_ANSWERS``). Only a streaming recogniser gives partials during the turn;
+    not measured on labelled turns (bench.turn_end has no transcripts): a prior."""
     silence_ms: float = 700.0
     """The fixed wait of ``mode: silence``."""
     early_ms: float = 200.0
     """Silence after which the turn is *likely* over (``TURN_LIKELY``): the gateway sends the
     transcript then, so the agent's reply is being made during the rest of the wait, and holds
     the reply until the turn end is confirmed. 0 (or a wait shorter than this): off."""
+    speculate: bool = False
+    """At ``TURN_LIKELY``, with a streaming recogniser, send its partial transcript at once as
+    the turn's text (the reply starts without waiting for the final, still held until the turn
+    end); if the final then differs, the reply is dropped and made again from the final."""
     short_turn_ms: float = 700.0
     """A turn with at most this much speech counts as a short answer (see ProsodyWeights)."""
     weights: ProsodyWeights = field(default_factory=ProsodyWeights)
@@ -145,6 +165,7 @@ class EndEstimate:
     pitch_slope: float  # semitones/s over the last ~250 ms voiced
     speech_ms: float  # speech in the turn so far
     text_hold: bool  # the partial transcript ended on a continuation word
+    text_answer: bool = False  # the partial transcript is a complete short answer
 
 
 def window_pitch(x: npt.NDArray[np.float64]) -> tuple[float, float]:
@@ -179,6 +200,12 @@ _WORD = re.compile(r"[a-z']+(?:-[a-z']+)?")
 def _ends_unfinished(text: str) -> bool:
     words = _WORD.findall(text.lower())
     return bool(words) and words[-1] in CONTINUATION_WORDS
+
+
+def _complete_answer(text: str) -> bool:
+    words = _WORD.findall(text.lower())
+    return 0 < len(words) <= _ANSWER_WORDS and all(
+        w in COMPLETE_ANSWERS or w.isdigit() for w in words)
 
 
 class TurnDetector:
@@ -298,15 +325,19 @@ class TurnDetector:
         z += w.short_turn if short else 0.0
         p_end = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
         hold = _ends_unfinished(self._text)
+        answer = _complete_answer(self._text)
         if s.mode == "silence":
             wait = s.silence_ms
         else:
             wait = s.min_wait_ms + (s.max_wait_ms - s.min_wait_ms) * (1.0 - p_end)
             if hold:
                 wait = max(wait, s.text_wait_ms)
+            elif answer:
+                wait = min(wait, s.answer_wait_ms)
             wait *= s.patience
         return EndEstimate(p_end=p_end, wait_ms=wait, pitch_position=position,
-                           pitch_slope=slope, speech_ms=self._speech_ms, text_hold=hold)
+                           pitch_slope=slope, speech_ms=self._speech_ms, text_hold=hold,
+                           text_answer=answer)
 
     def _prosody(self) -> tuple[float, float]:
         """(final pitch position in the speaker's range, pitch slope in semitones/s); neutral

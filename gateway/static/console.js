@@ -87,6 +87,7 @@ function addEventRow(e, detail) {
 
 const clearLatency = {};
 const botLines = {}; // utterance id -> its line: the text streams in with the audio
+let partialLine = null; // the caller's partial transcript while the turn is open
 const ENDED_BY = { stop: "the caller hung up", hangup: "the bot hung up",
                    socket_closed: "the connection closed" };
 
@@ -132,9 +133,28 @@ function onOpsEvent(e) {
       addLine("decision", "suppressed", detail);
       break;
     case "transcript":
+      if (e.final === false) { // a streaming recogniser's words so far: one line, updated
+        detail = `${e.text} (partial)`;
+        if (partialLine) partialLine.lastChild.textContent = e.text;
+        else partialLine = addLine("caller partial", "caller (hearing)", e.text);
+        break;
+      }
+      if (partialLine) { partialLine.remove(); partialLine = null; }
       detail = `${e.text}${e.dropped ? ` (${e.dropped})` : ""}`;
       addLine("caller", "caller", detail);
       break;
+    case "stt_error":
+      detail = `${e.error}${e.fallback ? ` (the turn was sent by ${e.fallback} instead)` : ""}`;
+      addLine("decision", "speech to text failed", detail);
+      break;
+    case "turn_latency": {
+      const ms = (v) => (v === null || v === undefined ? "?" : `+${Math.round(v)}`);
+      detail = `voice to voice ${ms(e.first_audio_ms)} ms: turn end ${ms(e.turn_end_ms)}, ` +
+        `transcript ${ms(e.transcript_ms)}, first reply text ${ms(e.llm_first_text_ms)}, ` +
+        `first reply audio ${ms(e.tts_first_audio_ms)}`;
+      addLine("meta", "", `turn latency from the end of the caller's speech: ${detail}`);
+      break;
+    }
     case "dtmf": detail = e.digit; addLine("caller", "caller pressed", e.digit); break;
     case "call_ended":
       detail = `${ENDED_BY[e.reason] || e.reason} (${e.reason})`;

@@ -119,7 +119,7 @@ MALFORMED = [
     ({"type": "interrupt", "heard_ms": 10**400}, EventDecodeError, "interrupt.heard_ms",
      "must be a finite number"),
     ({"type": "interrupt", "reason": "bored"}, EventDecodeError, "interrupt.reason",
-     "interrupt.reason must be one of speech, dtmf, resumed; got 'bored'"),
+     "interrupt.reason must be one of speech, dtmf, resumed, revised; got 'bored'"),
     ({"type": "playback", "state": "playing", "utterance_id": "u"}, EventDecodeError,
      "playback.heard_ms", "playback.heard_ms is missing"),
     ({"type": "utterance_start", "utterance_id": "u", "interruptible": "no"}, EventDecodeError,

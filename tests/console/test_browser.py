@@ -106,7 +106,7 @@ def _not_blank(driver: Any, png: bytes) -> int:
 
 
 def test_the_pages_mu_law_is_g711(browser: Any, served: Served) -> None:
-    """The page's mu-law codec against the gateway's (gateway/audio.py)."""
+    """The page's mu-law codec against the gateway's (audio/_codec.py)."""
     from audio import float32_to_pcm16, pcm16_to_ulaw
 
     browser.get(served.base + "/console")

@@ -20,8 +20,10 @@ def test_bench_turns_measures_both_methods(
     out = tmp_path / "turns.json"
     assert turns.main(["--recordings", "turn_gap_then_barge_in", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| callgate turn taking (defaults) | 2 |" in printed
-    assert "| silence timer 700 ms | 2 |" in printed
+    callgate = "callgate turn taking (defaults), realtime stt"
+    timer_name = "silence timer 700 ms, upload stt"
+    assert f"| {callgate} | 2 |" in printed
+    assert f"| {timer_name} | 2 |" in printed
     report = json.loads(out.read_text())
     providers = 150 + 350 + 200
     for method, rows in report.items():
@@ -30,7 +32,15 @@ def test_bench_turns_measures_both_methods(
             assert r["v2v_ms"] >= r["decide_ms"]  # nothing plays before the turn end
             assert r["own_ms"] >= 0  # nor before the providers could have answered
             assert r["v2v_ms"] >= providers  # callgate cannot beat the providers' own latency
-    timer = report["silence timer 700 ms"]
+            # The gateway's own turn_latency event, its stages in order on the media clock.
+            st = r["stages"]
+            assert st["transcript_ms"] <= st["llm_first_text_ms"] <= st["tts_first_audio_ms"]
+            assert max(st["tts_first_audio_ms"], st["turn_end_ms"]) <= st["first_audio_ms"]
+            assert st["first_audio_ms"] <= st["heard_ms"]
+            assert st["stt_ms"] >= 0 and st["hold_ms"] >= 0
+            # (No bound from the stub's latencies: under load the replay's media clock, which
+            # stamps these, runs behind the stub's wall-clock sleeps.)
+    timer = report[timer_name]
     assert all(r["decide_ms"] >= 700 - 160 for r in timer)  # the timer counts from the last window
 
 

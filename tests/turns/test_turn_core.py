@@ -108,6 +108,27 @@ def test_an_unfinished_phrase_waits_at_least_text_wait_ms() -> None:
         assert (ended_at >= 1500) is hold, text
 
 
+def test_a_complete_short_answer_ends_after_answer_wait_ms() -> None:
+    settings = TurnSettings(min_wait_ms=800, max_wait_ms=2400, answer_wait_ms=300)
+    sig = _voice(150, 150, 1500)  # a level pitch: neither finished nor unfinished
+    for text, quick in (("yes", True), ("No.", True), ("four one 2 7", True),
+                        ("yes I want to pay", False), ("four one and", False), ("", False)):
+        det = TurnDetector(settings)
+        audio = np.concatenate([sig, np.zeros(3000 * 8)])
+        n = len(sig) // 256
+        ended_at = None
+        for k in range(len(audio) // 256):
+            det.feed(audio[k * 256:(k + 1) * 256])
+            if k == n:
+                det.set_transcript(text)
+            if det.step(k < n) is TurnDecision.TURN_END:
+                ended_at = (k + 1 - n) * 32
+                break
+        assert ended_at is not None and det.estimate is not None
+        assert det.estimate.text_answer is quick, text
+        assert (ended_at <= 300 + 32) is quick, (text, ended_at)
+
+
 def test_patience_scales_the_wait_and_a_short_answer_is_quick() -> None:
     sig = _voice(150, 150, 1500)
     waits = []
