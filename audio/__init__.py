@@ -15,57 +15,8 @@ Errors::
     └── AudioFormatError            a WAV file or buffer that cannot become 8 kHz mu-law
 """
 
-from ._codec import (
-    FRAME_BYTES,
-    FRAME_MS,
-    TELEPHONY_RATE,
-    ULAW_BYTES_PER_MS,
-    ULAW_SILENCE,
-    AudioError,
-    AudioFormatError,
-    FrameAlignmentError,
-    ResampleState,
-    check_sample_rate,
-    chunk_audio,
-    decode_wav_ulaw,
-    duration_ms,
-    encode_wav_ulaw,
-    float32_to_pcm16,
-    pcm16_to_float32,
-    pcm16_to_ulaw,
-    read_wav_ulaw,
-    resample_pcm16,
-    ulaw_to_float32,
-    ulaw_to_pcm16,
-    write_wav_ulaw,
-)
-from ._stream import ByteOrder, PcmInput, UlawEncoder, encode_wav_pcm16
+from . import _codec, _stream
+from ._codec import *  # noqa: F403 - each module's __all__ is the package's
+from ._stream import *  # noqa: F403
 
-__all__ = [
-    "FRAME_BYTES",
-    "FRAME_MS",
-    "TELEPHONY_RATE",
-    "ULAW_BYTES_PER_MS",
-    "ULAW_SILENCE",
-    "AudioError",
-    "AudioFormatError",
-    "ByteOrder",
-    "FrameAlignmentError",
-    "PcmInput",
-    "ResampleState",
-    "UlawEncoder",
-    "check_sample_rate",
-    "chunk_audio",
-    "decode_wav_ulaw",
-    "duration_ms",
-    "encode_wav_pcm16",
-    "encode_wav_ulaw",
-    "float32_to_pcm16",
-    "pcm16_to_float32",
-    "pcm16_to_ulaw",
-    "read_wav_ulaw",
-    "resample_pcm16",
-    "ulaw_to_float32",
-    "ulaw_to_pcm16",
-    "write_wav_ulaw",
-]
+__all__ = [*_codec.__all__, *_stream.__all__]

@@ -21,7 +21,6 @@ from speech import (
 )
 
 SUBMODULES = [
-    "_audio",
     "_errors",
     "_espeak",
     "_openai_stt",
