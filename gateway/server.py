@@ -19,6 +19,11 @@ the stream's ``start`` takes it, so calls whose webhooks arrive together cannot 
 ``max_calls`` (40 webhooks in one instant all got ``<Connect>`` when only started streams were
 counted). A second stream for a call that has a live one is refused, whatever it carries.
 
+Draining (SIGTERM, SIGINT): readiness fails at once, webhooks get the busy message (with
+``X-Callgate-Refused: draining``) and streams without a reservation here are refused; the calls
+in progress, and streams of webhooks answered before the drain, go on until they end or
+``server.drain_timeout_s`` passes; then the process exits.
+
 Signature checks can be switched off only explicitly (``validate_signatures: false``), with a
 warning at start-up and on every call, for local development without a Twilio account.
 """
@@ -93,6 +98,8 @@ _WEBHOOKS_REFUSED = RateLimitedLog(log, "webhooks with bad signatures", interval
 
 VOICE_PATH = "/twilio/voice"
 MEDIA_PATH = "/twilio/media"
+REFUSED_HEADER = "X-Callgate-Refused"
+"""On a webhook answered with the busy message: why (draining, at_capacity, overloaded, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +377,9 @@ class GatewayApp:
             self.metrics.refused(reason)
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
-            return web.Response(text=str(response), content_type="application/xml")
+            # Twilio needs a 200 to play the TwiML; the header says why to whoever else looks.
+            return web.Response(text=str(response), content_type="application/xml",
+                                headers={REFUSED_HEADER: reason})
         if call_sid not in self._live:  # a retried webhook of a live call holds no second place
             self._reserve(call_sid)
         agent = self.settings.agent_for_number(form.get("To"))
@@ -417,6 +426,11 @@ class GatewayApp:
                                         close_message="call token refused") from exc
             agent = claims.agent
         reserved = self._reservations.pop(sid, None) is not None
+        if not reserved and self.draining:
+            # A stream whose webhook this gateway did not answer (another one did, or the
+            # reservation lapsed) is a new call: a draining gateway takes none.
+            raise StreamRefused(f"call {sid} has no reservation and the gateway is draining",
+                                reason="draining", close_message="gateway draining")
         if not reserved and self.occupancy() >= self.settings.max_calls:
             # No webhook here reserved it (it expired, or another gateway answered the
             # webhook): it needs a free place like any new call.
@@ -965,10 +979,13 @@ async def _serve_until_drained(app: web.Application, sock: socket.socket,
         timeout = drain_s()
         log.info("draining: %d call(s) in progress, up to %.0f s", len(gateway.calls), timeout)
         deadline = loop.time() + timeout
-        while gateway.calls and loop.time() < deadline:
-            await gateway.calls_changed()
-        if gateway.calls:
-            log.warning("drain timeout: closing %d call(s)", len(gateway.calls))
+        # A webhook answered just before the drain holds a reservation whose stream is still
+        # on its way: wait for it too, or its caller would reach a closed port.
+        while (gateway.calls or gateway.reserved) and loop.time() < deadline:
+            await gateway.calls_changed(min(1.0, max(0.0, deadline - loop.time())))
+        if gateway.calls or gateway.reserved:
+            log.warning("drain timeout: closing %d call(s), %d stream(s) never came",
+                        len(gateway.calls), gateway.reserved)
         else:
             log.info("drained: no call in progress")
     finally:
@@ -1002,7 +1019,8 @@ def run_worker(args: argparse.Namespace) -> int:
             if port is not None:
                 runner = await _serve_worker_metrics(bus, args.metrics_host, port)
             try:
-                await run(holder, bus, worker_id=args.worker_id, stop=stop, started=started)
+                await run(holder, bus, worker_id=args.worker_id, stop=stop, started=started,
+                          drain_timeout_s=getattr(args, "drain_timeout", 10.0))
             finally:
                 if runner is not None:
                     await runner.cleanup()
