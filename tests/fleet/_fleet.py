@@ -174,6 +174,8 @@ class Caller:
         self.outcome = "new"  # live | completed | cut
         self._seq = 1
         self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._stream_url = ""
+        self._params: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         self._playout = TwilioPlayout(stream_sid=self.stream_sid)
 
@@ -182,6 +184,12 @@ class Caller:
         return self._keys._key(self.sid, "down")
 
     async def start(self, http: aiohttp.ClientSession) -> None:
+        await self.webhook(http)
+        await self.stream(http)
+
+    async def webhook(self, http: aiohttp.ClientSession) -> None:
+        """Twilio's voice webhook: the gateway answers ``<Connect><Stream>`` (and reserves a
+        place for the stream)."""
         form = {"CallSid": self.sid, "AccountSid": ACCOUNT, "From": "+15550001111",
                 "To": "+15550002222", "CallStatus": "ringing"}
         async with http.post(f"{self.gateway.base}/twilio/voice", data=form) as r:
@@ -189,12 +197,16 @@ class Caller:
             twiml = await r.text()
         stream = ET.fromstring(twiml).find("./Connect/Stream")
         assert stream is not None, f"{self.gateway.name} refused {self.sid}: {twiml}"
-        params = {p.get("name", ""): p.get("value", "") for p in stream.findall("Parameter")}
-        self._ws = await http.ws_connect(stream.get("url", ""), max_msg_size=1 << 22)
+        self._stream_url = stream.get("url", "")
+        self._params = {p.get("name", ""): p.get("value", "") for p in stream.findall("Parameter")}
+
+    async def stream(self, http: aiohttp.ClientSession) -> None:
+        """The media stream the webhook's TwiML named: ``connected``, ``start``, then media."""
+        self._ws = await http.ws_connect(self._stream_url, max_msg_size=1 << 22)
         await self._ws.send_str(tp.build_connected())
         await self._ws.send_str(tp.build_start(sequence_number=self._next_seq(),
                                                stream_sid=self.stream_sid, account_sid=ACCOUNT,
-                                               call_sid=self.sid, custom_parameters=params))
+                                               call_sid=self.sid, custom_parameters=self._params))
         self.outcome = "live"
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.sid)
 

@@ -156,6 +156,8 @@ async def test_a_rolling_restart_drops_no_call(
     for old in list(fleet.gateways):
         new = fleet.start_gateway()  # surge first, as the Deployment does (maxSurge 1)
         await eventually(lambda: _status(http, f"{new.base}/readyz", 200), START_S, "new gateway")
+        late = Caller(next(_SIDS), old, fleet.keys)
+        await late.webhook(http)  # answered just before the drain; its stream comes later
         fleet.signal(old.name, signal.SIGTERM)
         await eventually(lambda: _draining(http, old), 30, f"{old.name} failing readiness")
         form = {"CallSid": f"CA{next(_SIDS):032x}", "AccountSid": ACCOUNT, "To": "+15550002222"}
@@ -165,9 +167,14 @@ async def test_a_rolling_restart_drops_no_call(
         await _refused_stream(http, old)
         live = [c for c in callers if c.outcome == "live"]
         await _press_all(live, raw, "2")  # the draining gateway's calls go on
-        callers += await _place(fleet, http, 2, [new])  # new calls go to the new gateway
-        for c in [c for c in callers if c.gateway is old]:
+        for c in [c for c in live if c.gateway is old]:
             await c.hang_up()  # its callers finish their calls ...
+        await eventually(lambda: _calls(http, old, 0), 30, f"{old.name}'s calls ended")
+        await late.stream(http)  # ... but the one it answered is still to come: it waits
+        callers.append(late)
+        await _press_all([late], raw, "2")
+        callers += await _place(fleet, http, 2, [new])  # new calls go to the new gateway
+        await late.hang_up()
         await eventually(lambda: fleet.exited(old.name) is not None, 60, f"{old.name} exiting")
         assert fleet.exited(old.name) == 0  # ... and it exits once the last one has ended
         assert "drained: no call in progress" in fleet.log(old.name)
@@ -204,6 +211,11 @@ async def _status(http: aiohttp.ClientSession, url: str, status: int) -> bool:
             return r.status == status
     except aiohttp.ClientError:
         return False
+
+
+async def _calls(http: aiohttp.ClientSession, gw: Gateway, n: int) -> bool:
+    async with http.get(f"{gw.base}/healthz") as r:
+        return int((await r.json())["calls"]) == n
 
 
 async def _draining(http: aiohttp.ClientSession, gw: Gateway) -> bool:
