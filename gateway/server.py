@@ -76,6 +76,7 @@ __all__ = [
     "GATEWAY_KEY",
     "GatewayApp",
     "GatewaySettings",
+    "REFUSED_HEADER",
     "StartupError",
     "StreamRefused",
     "build_app",

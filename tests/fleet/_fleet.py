@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import textwrap
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -31,8 +30,9 @@ from gateway import twilio_protocol as tp
 from gateway.twilio_sim import TwilioPlayout
 from tests.bus.conftest import eventually
 from tests.faults.conftest import Processes
+from tests.redis_server import _free_port
 
-__all__ = ["ANSWER", "Caller", "Fleet", "connect_redis", "fleet_config"]
+__all__ = ["ANSWER", "Caller", "Fleet", "connect_redis", "fleet_config", "status_is"]
 
 ANSWER = "You pressed "
 ACCOUNT = "AC" + "0" * 32
@@ -69,12 +69,6 @@ def connect_redis(url: str) -> Redis | RedisCluster:
         host, port = first.rsplit(":", 1)
         return RedisCluster(host=host, port=int(port), socket_timeout=5)
     return Redis.from_url(url, socket_timeout=5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -138,7 +132,7 @@ class Fleet:
     async def wait_up(self, http: aiohttp.ClientSession, raw: Redis | RedisCluster) -> None:
         """Every gateway ready and every worker's liveness key in Redis."""
         for gw in self.gateways:
-            await eventually(lambda gw=gw: _status(http, f"{gw.base}/readyz", 200), START_S,
+            await eventually(lambda gw=gw: status_is(http, f"{gw.base}/readyz", 200), START_S,
                              f"{gw.name} ready")
         for wid in self.workers:
             await eventually(lambda wid=wid: _exists(raw, f"cg:worker:{wid}"), START_S, f"{wid} up")
@@ -147,7 +141,7 @@ class Fleet:
         return self.procs.log(name)
 
 
-async def _status(http: aiohttp.ClientSession, url: str, status: int) -> bool:
+async def status_is(http: aiohttp.ClientSession, url: str, status: int) -> bool:
     try:
         async with http.get(url) as r:
             return r.status == status

@@ -26,7 +26,7 @@ import pytest
 from gateway.server import REFUSED_HEADER
 from tests.bus.conftest import eventually
 
-from ._fleet import ACCOUNT, START_S, Caller, Fleet, Gateway, all_answered
+from ._fleet import ACCOUNT, START_S, Caller, Fleet, Gateway, all_answered, status_is
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -155,7 +155,7 @@ async def test_a_rolling_restart_drops_no_call(
 
     for old in list(fleet.gateways):
         new = fleet.start_gateway()  # surge first, as the Deployment does (maxSurge 1)
-        await eventually(lambda: _status(http, f"{new.base}/readyz", 200), START_S, "new gateway")
+        await eventually(lambda: status_is(http, f"{new.base}/readyz", 200), START_S, "new gateway")
         late = Caller(next(_SIDS), old, fleet.keys)
         await late.webhook(http)  # answered just before the drain; its stream comes later
         fleet.signal(old.name, signal.SIGTERM)
@@ -203,14 +203,6 @@ async def test_a_rolling_restart_drops_no_call(
     for c in callers:
         await c.hang_up()
     assert {c.outcome for c in callers} == {"completed"}  # none was cut
-
-
-async def _status(http: aiohttp.ClientSession, url: str, status: int) -> bool:
-    try:
-        async with http.get(url) as r:
-            return r.status == status
-    except aiohttp.ClientError:
-        return False
 
 
 async def _calls(http: aiohttp.ClientSession, gw: Gateway, n: int) -> bool:
