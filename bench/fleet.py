@@ -124,6 +124,16 @@ def _cpu(pids: list[int]) -> list[float]:
     return [cpu_seconds(p) or 0.0 for p in pids]
 
 
+def _waited(pids: list[int]) -> float:
+    """Seconds the processes' threads have waited, runnable, for a CPU (/proc/PID/schedstat of
+    the main thread): a process that wants more CPU than a loaded machine gives it waits here."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    return total
+
+
 def _ready(proc: subprocess.Popen[str], what: str) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -289,8 +299,10 @@ def synthetic_step(redis: _Redis, n: int, args: argparse.Namespace, workdir: Pat
         time.sleep(args.warmup)  # the steady state's start, on the shared clock
         m0 = mark()
         c0 = {k: _cpu(v) for k, v in pids.items()}
+        q0 = {k: _waited(v) for k, v in pids.items()}
         time.sleep(args.window)
         c1 = {k: _cpu(v) for k, v in pids.items()}
+        q1 = {k: _waited(v) for k, v in pids.items()}
         m1 = mark()
         dt = m1["t"] - m0["t"]
         gw.stdin.write("stop\n")
@@ -304,6 +316,9 @@ def synthetic_step(redis: _Redis, n: int, args: argparse.Namespace, workdir: Pat
         row = _row("synthetic", redis.kind, n, dt, cpu, shards,
                     {"workers": args.workers, "calls_failed": counts["errors"] + n - counts["calls"],
                      "all_speaking": speaking == "speaking",
+                     # Per process, the share of the window it waited runnable for a CPU.
+                     "runqueue_wait": {k: round((q1[k] - q0[k]) / dt / len(v), 3)
+                                       for k, v in pids.items()},
                      "first_utterance_p50_ms": m0.get("first_utterance_p50_ms"),
                      "first_utterance_max_ms": m0.get("first_utterance_max_ms"),
                      "round_trip_p50_ms": m1.get("round_trip_p50_ms"),
@@ -396,7 +411,8 @@ def print_report(result: dict[str, Any], out: Any = sys.stdout) -> None:
     p("synthetic rows: CPU per second of bot audio played out (= per call-second of a call "
       "talking at 1x); 'bot audio' says how much played per call-second (1.0: the bus kept up)")
     p(f"{'kind':9} {'redis':7} {'calls':>5} {'gateway':>8} {'gw bus':>7} {'worker':>7} "
-      f"{'redis':>7} {'shard max':>9} {'bot audio':>9} {'round trip':>10} {'failed':>6}")
+      f"{'redis':>7} {'shard max':>9} {'bot audio':>9} {'round trip':>10} {'cpu wait':>8} "
+      f"{'failed':>6}")
     nan = float("nan")
     for r in result["rows"]:
         ms = r.get("ms_per_talking_call_s") or r["ms_per_call_s"]
@@ -407,10 +423,12 @@ def print_report(result: dict[str, Any], out: Any = sys.stdout) -> None:
           f"{ms['worker'] or nan:>7.2f} {ms['redis'] or nan:>7.3f} "
           f"{(shard if shard is not None else nan):>8.0%} "
           f"{r.get('bot_audio_s_per_call_s', nan):>9.2f} "
-          f"{(f'{trip} ms' if trip is not None else '-'):>10} {r['calls_failed']:>6}")
+          f"{(f'{trip} ms' if trip is not None else '-'):>10} "
+          f"{max((r.get('runqueue_wait') or {'-': nan}).values()):>8.0%} {r['calls_failed']:>6}")
     p("(ms of CPU per call-second; gateway: the two gateways' CPU per call; gw bus: the synthetic "
       "gateway side's bus work; shard max: the busiest redis-server's CPU use; round trip: p50 "
-      "from a playback 'finished' published to the worker's next utterance arriving)")
+      "from a playback 'finished' published to the worker's next utterance arriving; cpu wait: "
+      "the largest share of the window a process waited, runnable, for a CPU: a loaded machine)")
     if result["cross_check"]:
         p("\ncross-check: the larger synthetic step's CPU predicted from the smaller's per-call cost")
         for c in result["cross_check"]:

@@ -42,6 +42,9 @@ def test_quick_run_reports_every_tier_and_a_sizing_table(tmp_path: Path) -> None
         assert row["bot_audio_s_per_call_s"] > 0.5, "the bot's audio crossed the bus"
         assert row["ms_per_call_s"]["worker"] > 0 and row["ms_per_call_s"]["redis"] > 0
         assert row["redis_shards"] == 1
+        assert row["all_speaking"] and row["first_utterance_p50_ms"] is not None
+        assert set(row["runqueue_wait"]) == {"gateway_bus_side", "worker", "redis"}
+        assert row["ms_per_talking_call_s"]["redis"] > 0
     assert [s["calls"] for s in result["sizing"]] == [100, 1000, 10000]
     assert all(s["gateway_cores"] >= 1 and s["redis_shards"] >= 1 for s in result["sizing"])
     assert {c["role"] for c in result["cross_check"]} == {"redis", "worker", "gateway_bus_side"}
