@@ -111,6 +111,8 @@ class Fleet:
         return gw
 
     def start_worker(self, *, drain_timeout_s: float = 0.0) -> str:
+        """A ``callgate worker``; on SIGTERM it hands its calls back after ``drain_timeout_s``
+        (0 here: the handback itself is what the rolling restart tests, not the wait)."""
         wid = self._next("w")
         self.procs.start(wid, "--log-level", "INFO", "worker", "--redis", self.redis_url,
                          "--config", str(self.config), "--worker-id", wid,
