@@ -186,6 +186,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} s is not a duration (0 or more)")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="callgate", description=__doc__)
     p.add_argument("--log-level", default=os.environ.get("CALLGATE_LOG_LEVEL", "INFO"))
@@ -217,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve GET /metrics and /healthz on this port (call claims, Redis "
                         "reconnects, buffered writes)")
     w.add_argument("--metrics-host", default="0.0.0.0")
+    w.add_argument("--drain-timeout", type=_seconds, default=10.0, metavar="S",
+                   help="on SIGTERM, how long the calls in progress may go on here before they "
+                        "are handed back to the other workers (0: at once; default 10)")
     w.set_defaults(fn=_worker)
 
     r = sub.add_parser("replay", help="replay a recorded call through the gateway")

@@ -203,10 +203,13 @@ async def _serve_until_drained(app: web.Application, sock: socket.socket,
         timeout = drain_s()
         log.info("draining: %d call(s) in progress, up to %.0f s", len(gateway.calls), timeout)
         deadline = loop.time() + timeout
-        while gateway.calls and loop.time() < deadline:
-            await gateway.calls_changed()
-        if gateway.calls:
-            log.warning("drain timeout: closing %d call(s)", len(gateway.calls))
+        # A webhook answered just before the drain holds a reservation whose stream is still
+        # on its way: wait for it too, or its caller would reach a closed port.
+        while (gateway.calls or gateway.reserved) and loop.time() < deadline:
+            await gateway.calls_changed(min(1.0, max(0.0, deadline - loop.time())))
+        if gateway.calls or gateway.reserved:
+            log.warning("drain timeout: closing %d call(s), %d stream(s) never came",
+                        len(gateway.calls), gateway.reserved)
         else:
             log.info("drained: no call in progress")
     finally:
@@ -237,7 +240,8 @@ def run_worker(args: argparse.Namespace) -> int:
                 runner = await _serve_worker_metrics(bus, args.metrics_host, port)
             try:
                 await run_session_worker(holder, bus, worker_id=args.worker_id, stop=stop,
-                                         started=started)
+                                         started=started,
+                                         drain_timeout_s=getattr(args, "drain_timeout", 10.0))
             finally:
                 if runner is not None:
                     await runner.cleanup()

@@ -19,6 +19,11 @@ the stream's ``start`` takes it, so calls whose webhooks arrive together cannot 
 ``max_calls`` (40 webhooks in one instant all got ``<Connect>`` when only started streams were
 counted). A second stream for a call that has a live one is refused, whatever it carries.
 
+Draining (SIGTERM, SIGINT): readiness fails at once, webhooks get the busy message (with
+``X-Callgate-Refused: draining``) and streams without a reservation here are refused; the calls
+in progress, and streams of webhooks answered before the drain, go on until they end or
+``server.drain_timeout_s`` passes; then the process exits.
+
 Signature checks can be switched off only explicitly (``validate_signatures: false``), with a
 warning at start-up and on every call, for local development without a Twilio account.
 """
@@ -66,6 +71,7 @@ __all__ = [
     "GATEWAY_KEY",
     "GatewayApp",
     "GatewaySettings",
+    "REFUSED_HEADER",
     "StreamRefused",
     "build_app",
     "call_settings_from",
@@ -83,6 +89,8 @@ _WEBHOOKS_REFUSED = RateLimitedLog(log, "webhooks with bad signatures", interval
 
 VOICE_PATH = "/twilio/voice"
 MEDIA_PATH = "/twilio/media"
+REFUSED_HEADER = "X-Callgate-Refused"
+"""On a webhook answered with the busy message: why (draining, at_capacity, overloaded, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +368,9 @@ class GatewayApp:
             self.metrics.refused(reason)
             response.append(Say("Sorry, all our lines are busy. Please call again in a moment."))
             response.hangup()
-            return web.Response(text=str(response), content_type="application/xml")
+            # Twilio needs a 200 to play the TwiML; the header says why to whoever else looks.
+            return web.Response(text=str(response), content_type="application/xml",
+                                headers={REFUSED_HEADER: reason})
         if call_sid not in self._live:  # a retried webhook of a live call holds no second place
             self._reserve(call_sid)
         agent = self.settings.agent_for_number(form.get("To"))
@@ -407,6 +417,11 @@ class GatewayApp:
                                         close_message="call token refused") from exc
             agent = claims.agent
         reserved = self._reservations.pop(sid, None) is not None
+        if not reserved and self.draining:
+            # A stream whose webhook this gateway did not answer (another one did, or the
+            # reservation lapsed) is a new call: a draining gateway takes none.
+            raise StreamRefused(f"call {sid} has no reservation and the gateway is draining",
+                                reason="draining", close_message="gateway draining")
         if not reserved and self.occupancy() >= self.settings.max_calls:
             # No webhook here reserved it (it expired, or another gateway answered the
             # webhook): it needs a free place like any new call.

@@ -158,7 +158,10 @@ async def run_worker(
 
 async def _drain(worker: SessionWorker, timeout_s: float | None) -> None:
     calls = list(worker.sessions)
-    if not calls or timeout_s == 0:
+    if not calls:
+        return
+    if timeout_s == 0:
+        logger.info("worker %s: handing %d calls back", worker.worker_id, len(calls))
         return
     logger.info("worker %s: waiting for %d calls to end", worker.worker_id, len(calls))
     joins = [asyncio.get_running_loop().create_task(worker.join(sid)) for sid in calls]

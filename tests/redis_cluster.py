@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 from redis.exceptions import ResponseError
-from redis.cluster import key_slot
+from redis.crc import key_slot
 
 from tests.redis_server import RedisServer, require_redis_server
 
@@ -104,7 +104,7 @@ class RedisClusterServers:
 
 
 def _node_id(c: Redis) -> str:
-    return bytes(c.execute_command("CLUSTER", "MYID")).decode()
+    return bytes(c.execute_command("CLUSTER", "MYID")).decode()  # type: ignore[no-untyped-call]  # redis-py leaves execute_command unannotated
 
 
 def wait_for(predicate: object, timeout: float, what: str) -> None:

@@ -76,7 +76,31 @@ def test_schema_rejects_broken_files(
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"redis", "gateway", "worker"}
+    assert set(compose["services"]) == {"redis", "gateway", "worker", "gateway-2", "worker-3"}
+    default = {name for name, svc in compose["services"].items() if not svc.get("profiles")}
+    assert default == {"redis", "gateway", "worker"}
+
+
+def _replicas(svc: dict[str, Any]) -> int:
+    return int(svc.get("deploy", {}).get("replicas", 1))
+
+
+def test_fleet_profile_adds_a_gateway_and_a_worker(compose: dict[str, Any]) -> None:
+    """``--profile fleet``: two gateways and three workers on one Redis, as tests/fleet runs."""
+    services = compose["services"]
+    fleet = {name: svc for name, svc in services.items() if "fleet" in svc.get("profiles", [])}
+    assert set(fleet) == {"gateway-2", "worker-3"}
+    running = {name: svc for name, svc in services.items()
+               if not svc.get("profiles") or "fleet" in svc["profiles"]}
+    gateways = [s for s in running.values() if s["command"][0] == "serve"]
+    workers = [s for s in running.values() if s["command"][0] == "worker"]
+    assert len(gateways) == 2 and sum(_replicas(w) for w in workers) == 3
+    gw, gw2 = services["gateway"], services["gateway-2"]
+    for key in ("command", "healthcheck", "stop_grace_period", "environment", "volumes"):
+        assert gw2[key] == gw[key], key
+    assert "8081:8080" in [str(p) for p in gw2["ports"]]
+    assert "8080:8080" not in [str(p) for p in gw2["ports"]], "each gateway its own host port"
+    assert services["worker-3"]["command"] == services["worker"]["command"]
 
 
 def test_gateway(compose: dict[str, Any]) -> None:
@@ -92,9 +116,10 @@ def test_two_workers_with_metrics_and_healthcheck(compose: dict[str, Any]) -> No
     from gateway.cli import build_parser
 
     worker = compose["services"]["worker"]
-    assert worker["command"] == ["worker", "--redis", REDIS_URL, "--metrics-port", "9090"]
+    assert worker["command"] == ["worker", "--redis", REDIS_URL, "--metrics-port", "9090",
+                                 "--drain-timeout", "10"]
     args = build_parser().parse_args(worker["command"])  # the CLI takes exactly this
-    assert args.metrics_port == 9090 and args.redis == REDIS_URL
+    assert args.metrics_port == 9090 and args.redis == REDIS_URL and args.drain_timeout == 10
     assert worker["deploy"]["replicas"] == 2
     assert "http://127.0.0.1:9090/healthz" in " ".join(worker["healthcheck"]["test"])
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -156,3 +181,13 @@ def test_stop_grace_covers_the_drain(compose: dict[str, Any]) -> None:
     drain = float(load_yaml(AGENTS_YAML)["server"]["drain_timeout_s"])
     grace = compose["services"]["gateway"]["stop_grace_period"]
     assert grace.endswith("s") and float(grace[:-1]) > drain, (grace, drain)
+
+
+def test_worker_stop_grace_covers_its_drain(compose: dict[str, Any]) -> None:
+    from gateway.cli import build_parser
+
+    for name in ("worker", "worker-3"):
+        svc = compose["services"][name]
+        drain = build_parser().parse_args(svc["command"]).drain_timeout
+        grace = svc["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) > drain + 5, (name, grace, drain)

@@ -187,7 +187,7 @@ def test_gateway_and_worker_commands() -> None:
     worker = _container(k8s_object("Deployment", "callgate-worker"))
     assert gw["args"] == ["serve", "--redis", "$(CALLGATE_REDIS_URL)", "--no-worker"]
     assert worker["args"] == ["worker", "--redis", "$(CALLGATE_REDIS_URL)", "--metrics-port",
-                              "9090"]
+                              "9090", "--drain-timeout", "10"]
     assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in worker["ports"]
     assert "command" not in gw and "command" not in worker, "the image's ENTRYPOINT is callgate"
@@ -225,6 +225,25 @@ def test_gateway_grace_period_covers_prestop_and_drain() -> None:
     assert strategy["maxUnavailable"] == 0
 
 
+def test_worker_grace_period_covers_its_drain() -> None:
+    """SIGTERM: the worker's calls go on for --drain-timeout, then are handed back; the kubelet
+    must not SIGKILL it before (a killed worker's calls wait out their lease instead)."""
+    from gateway.cli import build_parser
+
+    worker = k8s_object("Deployment", "callgate-worker")
+    args = build_parser().parse_args(_container(worker)["args"])
+    grace = _pod(worker)["terminationGracePeriodSeconds"]
+    assert grace >= args.drain_timeout + 10, (grace, args.drain_timeout)
+    assert "lifecycle" not in _container(worker), "a worker takes no Service traffic to drain"
+    assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_gateway_readiness_fails_at_once_on_drain() -> None:
+    """/readyz fails as the drain starts: one failed probe takes the pod out of the Service."""
+    probe = _container(k8s_object("Deployment", "callgate-gateway"))["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/readyz" and probe["failureThreshold"] == 1
+
+
 def test_gateway_resources() -> None:
     res = _container(k8s_object("Deployment", "callgate-gateway"))["resources"]
     for part in ("requests", "limits"):
@@ -232,10 +251,16 @@ def test_gateway_resources() -> None:
         assert size_bytes(res[part]["memory"]) == 1024**3
 
 
-def test_gateway_pdb_and_worker_hpa_target_what_exists() -> None:
-    pdb = k8s_object("PodDisruptionBudget", "callgate-gateway")
+@pytest.mark.parametrize("component", ["gateway", "worker"])
+def test_pdb_targets_its_deployment_one_pod_at_a_time(component: str) -> None:
+    pdb = k8s_object("PodDisruptionBudget", f"callgate-{component}")
     targets = _selects(pdb["spec"]["selector"]["matchLabels"])
-    assert [t["metadata"]["name"] for t in targets] == ["callgate-gateway"]
+    assert [t["metadata"]["name"] for t in targets] == [f"callgate-{component}"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert targets[0]["spec"]["replicas"] >= 2, "a PDB over one pod blocks every node drain"
+
+
+def test_worker_hpa_targets_what_exists() -> None:
     hpa = k8s_object("HorizontalPodAutoscaler", "callgate-worker")
     ref = hpa["spec"]["scaleTargetRef"]
     worker = k8s_object(ref["kind"], ref["name"])

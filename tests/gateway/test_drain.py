@@ -74,3 +74,17 @@ async def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
         out = proc.stdout.read().decode() if proc.stdout else ""
         proc.stdout and proc.stdout.close()
     assert "drained: no call in progress" in out, out
+
+
+def test_worker_drain_timeout_is_checked_on_the_command_line() -> None:
+    from gateway.cli import build_parser
+
+    assert build_parser().parse_args(["worker", "--redis", "redis://h"]).drain_timeout == 10.0
+    assert build_parser().parse_args(["worker", "--redis", "redis://h", "--drain-timeout", "0"]
+                                     ).drain_timeout == 0.0
+    for bad in ("-1", "soon", "inf"):
+        proc = subprocess.run([sys.executable, "-m", "gateway", "worker", "--redis", "redis://h",
+                               "--drain-timeout", bad], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "--drain-timeout" in proc.stderr.splitlines()[-1], proc.stderr
