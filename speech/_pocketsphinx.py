@@ -75,6 +75,18 @@ _DEFAULT_OPTIONS: Final[Mapping[str, str | int | float | bool]] = {
 DecoderOption = str | int | float | bool
 
 
+def _reset(decoder: Any, cmninit: str) -> None:
+    """Start ``decoder``'s next utterance from the state of a freshly loaded one.
+
+    ``set_cmn`` alone is not enough: the live normalisation keeps its running sums across
+    utterances, so a reused decoder heard the TIMIT clip as "he added up the good kill arturo
+    year" after "go forward ..." and as "to add to that the great deal of toro year" fresh.
+    ``reinit_feat`` (0.1 ms) makes a reused decoder give the fresh one's result exactly.
+    """
+    decoder.reinit_feat()
+    decoder.set_cmn(cmninit)
+
+
 @dataclass(slots=True)
 class _Slot:
     """A decoder and whether it is inside an utterance (a stream closed mid-way leaves it so)."""
@@ -164,8 +176,7 @@ class PocketsphinxTranscriber:
         elif slot.in_utterance:
             slot.decoder.end_utt()
             slot.in_utterance = False
-        # Every utterance starts from the same normalisation, whichever decoder serves it.
-        slot.decoder.set_cmn(self._cmninit)
+        _reset(slot.decoder, self._cmninit)
         return slot
 
     def _release(self, slot: _Slot) -> None:
