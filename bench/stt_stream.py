@@ -13,7 +13,7 @@ labels (``jiwer``), since decoding as the audio arrives gives up batch normalisa
 
 Only the public stream API is used, so the same file measures another checkout:
 ``PYTHONPATH=/work/main python bench/stt_stream.py`` gives the figures of that code, which is how
-the before/after of issue 17 were taken in one session.
+the before/after of issue 17 were taken in one session (``--streamed`` for the streamed mode).
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def _words(text: str) -> str:
     return " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
 
 
-async def run(folder: Path, *, pace: float) -> dict[str, Any]:
-    transcriber = PocketsphinxPoolTranscriber(workers=2)
+async def run(folder: Path, *, pace: float, streamed: bool) -> dict[str, Any]:
+    options = {"as_audio_arrives": True} if streamed else {}  # the old code has no such option
+    transcriber = PocketsphinxPoolTranscriber(workers=2, **options)
     await transcriber.warm_up()
     rows: list[dict[str, Any]] = []
     try:
@@ -110,11 +111,13 @@ def main() -> None:
                         help="media speed (1.0: real time); 0: as fast as the decoder keeps up "
                              "(each 200 ms waits for an interim result: a decoder with a core "
                              "to itself, whatever else the machine runs)")
+    parser.add_argument("--streamed", action="store_true",
+                        help="decode as the audio arrives (as_audio_arrives=True)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
     if not args.recordings.is_dir():
         parser.exit(2, f"error: no recordings folder {args.recordings}\n")
-    report = asyncio.run(run(args.recordings, pace=args.pace))
+    report = asyncio.run(run(args.recordings, pace=args.pace, streamed=args.streamed))
     for r in report["turns"]:
         print(f"{r['name']:<30} {r['audio_ms']:>6} ms audio  finish {r['finish_ms']:>7.1f} ms"
               f"  {r['text']!r}")

@@ -198,6 +198,7 @@ class SerialDecodingStream(StreamLifecycle):
     """
 
     _engine = "pocketsphinx"  # names the engine in errors
+    _eager = True  # decode audio as it is fed (False: only when finish() or partial() asks)
 
     def __init__(self, *, sample_rate: int) -> None:
         self._input = PcmInput(from_rate=sample_rate, to_rate=MODEL_RATE)
@@ -219,7 +220,7 @@ class SerialDecodingStream(StreamLifecycle):
         """
         self._check_open()
         self._pending += self._input.push(pcm16)
-        if len(self._pending) >= _PIECE_BYTES:  # less than a piece would only be carried over
+        if self._eager and len(self._pending) >= _PIECE_BYTES:  # less would only be carried over
             self._kick()
 
     async def partial(self) -> Transcript | None:

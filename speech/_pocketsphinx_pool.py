@@ -5,19 +5,27 @@ of :mod:`speech._pocketsphinx` starves the event loop once two or three callers 
 (bench/load.py: frame lag p99 81 ms at 2 calls, 966 ms at 4). Here the decoders live in a few
 worker processes; the gateway's loop only sends them audio.
 
-Decoding as the audio arrives. A caller turn is decoded while it is spoken: ``feed`` sends the
-audio gathered since the last send to the stream's decoder in its worker (``process_raw`` with
-live normalisation, in 20 ms pieces so the result does not depend on how the audio was cut), and
-``finish`` only sends the last piece and ends the utterance. Measured with
-``python -m bench.stt_stream --pace 0`` (the 13 distinct real utterances of the dev recordings,
-1.0-8.0 s, each fed as fast as its decoder keeps up, as on a gateway whose decoder has a core;
-the previous code, which decoded the whole turn after ``finish``, run right after on the same
-machine, shared by ~7 helpers at load 10-16 on 2 cores): finish() to the final transcript p50
-1,320 ms against 15,632 ms (0.39 against 5.9 x the turn; ratio 0.084). On that machine a decoder
-got about 1/8 of a core (one costs 0.71-0.80 s of CPU per second of speech either way), so both
-figures are ~8x what an idle core gives. The price is accuracy: live normalisation has not seen
-the whole turn, word error 0.86 against 0.69 in the same runs ("go forward ten meters" comes
-back "go forward and the ears", "yes" as "yet").
+Whole turns, by default: the stream collects the turn's audio and ``finish`` has its worker
+decode it at once, with batch normalisation (word error 0.69 on the 13 real utterances below).
+
+Decoding as the audio arrives (``as_audio_arrives=True``): the turn is decoded while it is
+spoken: ``feed`` sends the audio gathered since the last send to the stream's decoder in its
+worker (``process_raw`` with live normalisation, in 20 ms pieces so the result does not depend
+on how the audio was cut), and ``finish`` only sends the last piece and ends the utterance.
+Measured with ``python -m bench.stt_stream --pace 0 --streamed`` (the 13 distinct real
+utterances of the dev recordings, 1.0-8.0 s, each fed as fast as its decoder keeps up, as on a
+gateway whose decoder has a core; the previous code, which decoded the whole turn after
+``finish``, run right after on the same machine, shared by ~7 helpers at load 10-16 on 2 cores):
+finish() to the final transcript p50 1,320 ms against 15,632 ms (0.39 against 5.9 x the turn;
+ratio 0.084). On that machine a decoder got about 1/8 of a core (one costs 0.71-0.80 s of CPU
+per second of speech either way), so both figures are ~8x what an idle core gives. The price is
+accuracy: live normalisation has not seen the whole turn, word error 0.86 against 0.69 in the
+same runs ("go forward ten meters" comes back "go forward and the ears", "yes" as "yet"). And in
+the live gateway on that machine (``callgate serve`` + ``callgate call`` of the README's
+example, two runs each, alternating with the whole-turn code, load 7-13) the transcript came
+2,780 and 5,680 ms after the caller's speech ended, against 1,200 and 2,160 ms whole: there the
+streamed decoder fell behind while the call was live, not measured further. Hence off by default
+until it is measured on a quiet machine.
 
 Each worker process is its own single-process executor (a *lane*): a stream's decoder state is
 in one process, so all of a stream's audio goes to the lane it started on (the least busy one
@@ -69,6 +77,7 @@ from ._pocketsphinx import (
     SerialDecodingStream,
     _reset,
 )
+from ._stt import Transcript
 
 __all__ = [
     "KEYPHRASE_THRESHOLD",
@@ -85,10 +94,11 @@ _PARENT_POLL_S = 1.0  # the fallback watcher's period, where prctl is not availa
 _IDLE_DECODERS: Final = 2  # per worker, loaded for the next utterances
 
 KEYPHRASE_THRESHOLD: Final = 1.0
-"""The spotter's default threshold (``python -m bench.keyphrases``, 13 real utterances that hold
-none of the shipped agent's phrases, plus probe words of theirs). At 1e-20 (pocketsphinx's
-example) every short phrase fired in nearly every clip (159 false detections); at 1.0, 9 false
-detections with 6 of 19 probe words found; at 10, 5 false and 4 found."""
+"""The spotter's default threshold. ``python -m bench.keyphrases`` (the 13 distinct real
+utterances of the dev recordings, none of which says one of the shipped agent's phrases but
+"yes", plus 16 probe words of theirs): at 1e-20 it found 12 of 19 spoken phrases and made 158
+false detections, an agent phrase in all 13 utterances; at 1.0, 6 of 19 and 11 false (in 6
+utterances: "pay" 3, digits 7, "yes" 1); at 10, 5 of 19 and 9 false (in 5)."""
 
 MIN_KEYPHRASE_PHONES: Final = 2
 """Shorter phrases are not spotted: "owe" and "oh" (one phone, OW) fired in 12 of the 13 clips
@@ -203,11 +213,12 @@ def _ready() -> bool:
     return _worker is not None and bool(_worker.idle or _worker.utterances)
 
 
-def _decode(stream_id: int, audio16k: bytes, end: bool,
-            want_text: bool) -> tuple[str, tuple[str, ...]]:
+def _decode(stream_id: int, audio16k: bytes, end: bool, want_text: bool,
+            whole: bool = False) -> tuple[str, tuple[str, ...]]:
     """Worker process: decode ``audio16k`` of stream ``stream_id`` (a new utterance when the
-    stream has none here) and end the utterance if ``end``. Returns the hypothesis (if asked
-    for or at the end, else "") and the keyphrases spotted so far, in the order heard."""
+    stream has none here) and end the utterance if ``end``; ``whole``: it is the whole
+    utterance, normalised as one batch. Returns the hypothesis (if asked for or at the end,
+    else "") and the keyphrases spotted so far, in the order heard."""
     state = _worker
     assert state is not None
     utterance = state.utterances.get(stream_id)
@@ -218,14 +229,17 @@ def _decode(stream_id: int, audio16k: bytes, end: bool,
             decoder.start_utt()
         utterance = state.utterances[stream_id] = _Utterance(decoders)
     data = utterance.remainder + audio16k
-    whole = len(data) - len(data) % _PIECE_BYTES
-    pieces = [data[start : start + _PIECE_BYTES] for start in range(0, whole, _PIECE_BYTES)]
-    utterance.remainder = data[whole:]
+    cut = len(data) - len(data) % _PIECE_BYTES
+    pieces = [data[start : start + _PIECE_BYTES] for start in range(0, cut, _PIECE_BYTES)]
+    utterance.remainder = data[cut:]
     if end and utterance.remainder:
         pieces.append(utterance.remainder)
     for decoder in _each(utterance.decoders):
-        for piece in pieces:
-            decoder.process_raw(piece, no_search=False, full_utt=False)
+        if whole:
+            decoder.process_raw(data, no_search=False, full_utt=True)
+        else:
+            for piece in pieces:
+                decoder.process_raw(piece, no_search=False, full_utt=False)
         if end:
             decoder.end_utt()
     text = ""
@@ -305,6 +319,10 @@ class PocketsphinxPoolTranscriber:
             fewer than :data:`MIN_KEYPHRASE_PHONES` phones are left out (logged).
         keyphrase_threshold: The spotter's detection threshold for every phrase (higher: fewer
             detections; see :mod:`bench.keyphrases` for what it buys on real speech).
+        as_audio_arrives: Decode each turn while it is spoken (``finish`` has only the last
+            piece left) instead of whole at ``finish`` (batch normalisation, no interim
+            results). Off by default: in the live gateway on a loaded machine it was the slower
+            of the two (module docstring), and its word error is higher.
 
     Raises:
         ConfigurationError: ``workers`` < 1, or a keyphrase word the dictionary lacks.
@@ -313,9 +331,12 @@ class PocketsphinxPoolTranscriber:
     def __init__(self, *, workers: int = 2,
                  decoder_options: Mapping[str, DecoderOption] | None = None,
                  keyphrases: Sequence[str] = (),
-                 keyphrase_threshold: float = KEYPHRASE_THRESHOLD) -> None:
+                 keyphrase_threshold: float = KEYPHRASE_THRESHOLD,
+                 as_audio_arrives: bool = False) -> None:
         if workers < 1:
             raise ConfigurationError(f"workers must be >= 1, got {workers}")
+        self.as_audio_arrives = as_audio_arrives
+        """Decode while the caller speaks; False: the whole turn at ``finish`` (see above)."""
         options = {**_DEFAULT_OPTIONS, **(decoder_options or {})}
         self.keyphrases = spottable(keyphrases, str(options.get("dict") or _default_dict()))
         """The phrases the spotter listens for (the spottable ones of ``keyphrases``)."""
@@ -377,6 +398,7 @@ class PocketsphinxPoolStream(SerialDecodingStream):
     def __init__(self, owner: PocketsphinxPoolTranscriber, *, sample_rate: int) -> None:
         super().__init__(sample_rate=sample_rate)
         self._owner = owner
+        self._eager = owner.as_audio_arrives
         self._id = next(owner._ids)
         self._sent = bytearray()  # the turn so far, for a worker that replaces a broken one
         self._lane: _Lane | None = None  # taken with the first audio
@@ -396,6 +418,19 @@ class PocketsphinxPoolStream(SerialDecodingStream):
             except (RuntimeError, BrokenProcessPool):
                 pass  # shut down or broken: the utterance went with the worker
 
+    async def partial(self) -> Transcript | None:
+        """The best hypothesis so far when decoding as the audio arrives; else ``None``.
+
+        Raises:
+            StreamFinishedError: ``finish()`` was already called.
+            StreamClosedError: The stream is closed, or was closed while waiting.
+            TranscriptionError: Decoding failed.
+        """
+        if not self._eager:
+            self._check_open()
+            return None
+        return await super().partial()
+
     async def _request(self, audio: bytes, end: bool,
                        want_text: bool) -> tuple[str, tuple[str, ...]]:
         """Send ``audio`` (and the end) to the stream's worker. A broken worker is replaced and
@@ -412,8 +447,9 @@ class PocketsphinxPoolStream(SerialDecodingStream):
                 audio, self._sent = bytes(self._sent) + audio, bytearray()
                 self._executor = executor
             try:
+                whole = end and not self._eager and not self._sent
                 result = await loop.run_in_executor(executor, _decode, self._id, audio, end,
-                                                    want_text)
+                                                    want_text, whole)
             except BrokenProcessPool as exc:
                 self._owner._rebuild(self._lane, executor, exc)
                 self._sent += audio

@@ -1,4 +1,5 @@
-"""Pocketsphinx in worker processes, decoding each turn as its audio arrives."""
+"""Pocketsphinx in worker processes: whole turns (the default), or each turn as its audio
+arrives."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ FRAME = 320  # 20 ms of 8 kHz PCM16, as the gateway feeds it
 
 @pytest.fixture
 def transcriber():  # type: ignore[no-untyped-def]
-    t = PocketsphinxPoolTranscriber(workers=1)
+    t = PocketsphinxPoolTranscriber(workers=1, as_audio_arrives=True)
     yield t
     t.close()
 
@@ -156,6 +157,20 @@ async def test_a_worker_killed_mid_turn_is_replaced_and_gets_the_whole_turn(
     assert transcriber.worker_pids() and pid not in transcriber.worker_pids()
 
 
+async def test_by_default_a_whole_turn_is_decoded_at_its_end() -> None:
+    t = PocketsphinxPoolTranscriber(workers=1)
+    try:
+        stream = t.open_stream()
+        _feed(stream, _turn("barge_in_command_goforward"))
+        assert await stream.partial() is None  # nothing decoded before the end
+        assert t.worker_pids() == []
+        result = await stream.finish()
+        stream.close()
+        assert "go forward ten" in result.text  # batch normalisation: "go forward ten meters"
+    finally:
+        t.close()
+
+
 def test_workers_must_be_positive() -> None:
     from speech import ConfigurationError
 
@@ -166,7 +181,8 @@ def test_workers_must_be_positive() -> None:
 # -- keyphrases beside the transcript (real human speech: the only phrases of the scripted agent
 # -- that any recording here holds are "yes"; "go forward" stands in for a command phrase) -----
 async def test_keyphrases_are_spotted_beside_the_open_transcript() -> None:
-    t = PocketsphinxPoolTranscriber(workers=1, keyphrases=["Go  forward", "yes", "balance"])
+    t = PocketsphinxPoolTranscriber(workers=1, keyphrases=["Go  forward", "yes", "balance"],
+                                    as_audio_arrives=True)
     try:
         assert t.keyphrases == ("go forward", "yes", "balance")
         stream = t.open_stream()
