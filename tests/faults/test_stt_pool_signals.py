@@ -120,7 +120,7 @@ def test_sighup_to_the_process_group_spares_the_pool() -> None:
         os.killpg(proc.pid, signal.SIGHUP)  # what closing the terminal does
         reply = _ask(proc)  # the gateway's handler has run by the time it answers
         assert reply["hups"] == 1
-        assert "go forward" in str(reply["text"])
+        assert "go forward ten" in str(reply["text"])
         assert reply["pids"] == pids and reply["rebuilds"] == 0
         assert all(_alive(pid) for pid in pids)
     finally:
@@ -141,10 +141,10 @@ async def test_a_broken_pool_is_rebuilt_for_the_next_turn() -> None:
         (pid,) = t.worker_pids()
         os.kill(pid, signal.SIGKILL)  # the pool is broken from here on
         _wait_for(lambda: not _alive(pid), 10.0, "the worker to die")
-        assert "go forward" in await _decode(t)
+        assert "go forward ten" in await _decode(t)
         assert t.rebuilds == 1
         assert t.worker_pids() and pid not in t.worker_pids()
-        assert "go forward" in await _decode(t)  # and the new pool stays usable
+        assert "go forward ten" in await _decode(t)  # and the new pool stays usable
         assert t.rebuilds == 1
     finally:
         t.close()
