@@ -52,12 +52,7 @@ from ._errors import (
 )
 from ._stt import StreamLifecycle, StreamState, Transcript
 
-__all__ = [
-    "TELEPHONE_CMNINIT",
-    "PocketsphinxStream",
-    "PocketsphinxTranscriber",
-    "SerialDecodingStream",
-]
+__all__ = ["TELEPHONE_CMNINIT", "PocketsphinxStream", "PocketsphinxTranscriber"]
 
 MODEL_RATE: Final = 16000
 """Sample rate of the wheel's acoustic model."""
