@@ -3,6 +3,8 @@
 * ``_stt``: the :class:`Transcriber` seam (one :class:`TranscriptionStream` per utterance),
   :class:`Transcript`, and :func:`make_transcriber`.
 * ``_pocketsphinx``: :class:`PocketsphinxTranscriber`, offline, streamed while the caller speaks.
+* ``_pocketsphinx_pool``: :class:`PocketsphinxPoolTranscriber`, the same in worker processes
+  (what the gateway uses), with an optional keyphrase spotter beside the transcript.
 * ``_openai_stt``: :class:`OpenAITranscriber`, the utterance uploaded as a WAV on ``finish()``,
   or streamed during the turn over a Realtime transcription session (``transport="realtime"``).
 * ``_tts``: the :class:`Synthesizer` seam (same shape as ``nodes.Synthesizer``),
@@ -31,11 +33,16 @@ from ._espeak import EspeakSynthesizer
 from ._openai_stt import OpenAIRealtimeStream, OpenAIStream, OpenAITranscriber, SttTransport
 from ._openai_tts import OpenAISynthesizer
 from ._pocketsphinx import TELEPHONE_CMNINIT, PocketsphinxStream, PocketsphinxTranscriber
-from ._pocketsphinx_pool import PocketsphinxPoolStream, PocketsphinxPoolTranscriber
+from ._pocketsphinx_pool import (
+    KEYPHRASE_THRESHOLD,
+    PocketsphinxPoolStream,
+    PocketsphinxPoolTranscriber,
+)
 from ._stt import StreamState, Transcriber, Transcript, TranscriptionStream, make_transcriber
 from ._tts import Synthesizer, make_synthesizer, split_sentences
 
 __all__ = [
+    "KEYPHRASE_THRESHOLD",
     "TELEPHONE_CMNINIT",
     "ConfigurationError",
     "EngineUnavailableError",

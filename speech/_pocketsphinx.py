@@ -74,6 +74,18 @@ _DEFAULT_OPTIONS: Final[Mapping[str, str | int | float | bool]] = {
 DecoderOption = str | int | float | bool
 
 
+def _reset(decoder: Any, cmninit: str) -> None:
+    """Start ``decoder``'s next utterance from the state of a freshly loaded one.
+
+    ``set_cmn`` alone is not enough: the live normalisation keeps its running sums across
+    utterances, so a reused decoder heard the TIMIT clip as "he added up the good kill arturo
+    year" after "go forward ..." and as "to add to that the great deal of toro year" fresh.
+    ``reinit_feat`` (0.1 ms) makes a reused decoder give the fresh one's result exactly.
+    """
+    decoder.reinit_feat()
+    decoder.set_cmn(cmninit)
+
+
 @dataclass(slots=True)
 class _Slot:
     """A decoder and whether it is inside an utterance (a stream closed mid-way leaves it so)."""
@@ -163,8 +175,7 @@ class PocketsphinxTranscriber:
         elif slot.in_utterance:
             slot.decoder.end_utt()
             slot.in_utterance = False
-        # Every utterance starts from the same normalisation, whichever decoder serves it.
-        slot.decoder.set_cmn(self._cmninit)
+        _reset(slot.decoder, self._cmninit)
         return slot
 
     def _release(self, slot: _Slot) -> None:
@@ -173,28 +184,25 @@ class PocketsphinxTranscriber:
                 self._idle.append(slot)
 
 
-class PocketsphinxStream(StreamLifecycle):
-    """One utterance on a :class:`PocketsphinxTranscriber` (a :class:`~speech.TranscriptionStream`).
-
-    One asyncio task (the *worker*) owns the decoder and runs every decoder call in a thread,
-    one at a time, in the order requested: audio fed, interim results asked for, the end of the
-    utterance. Audio is cut into fixed 20 ms pieces there, so the result does not depend on the
-    chunk sizes given to :meth:`feed` or on when the worker ran.
+class SerialDecodingStream(StreamLifecycle):
+    """What the pocketsphinx streams share: one asyncio task (the *sender*) hands the decoder
+    every request in turn, in the order made: the audio fed since the last one, interim results
+    asked for, the end of the utterance. A subclass says how one request is decoded
+    (:meth:`_request`) and what to give back when the stream is done (:meth:`_let_go`).
     """
 
-    def __init__(self, owner: PocketsphinxTranscriber, *, sample_rate: int) -> None:
-        self._owner = owner
+    _engine = "pocketsphinx"  # names the engine in errors
+    _eager = True  # decode audio as it is fed (False: only when finish() or partial() asks)
+
+    def __init__(self, *, sample_rate: int) -> None:
         self._input = PcmInput(from_rate=sample_rate, to_rate=MODEL_RATE)
         self.sample_rate = sample_rate
         self._state = StreamState.OPEN
-        self._pending = bytearray()  # 16 kHz audio not yet taken by the worker
+        self._pending = bytearray()  # 16 kHz audio not yet taken by the sender
         self._partials: list[asyncio.Future[Transcript | None]] = []
         self._final: asyncio.Future[Transcript] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
         self._failure: TranscriptionError | None = None
-        # Touched by the worker's thread while the worker runs, else by the loop's thread.
-        self._slot: _Slot | None = None
-        self._remainder = b""  # less than one piece, waiting for more
 
     def feed(self, pcm16: bytes) -> None:
         """Queue audio for decoding (see :meth:`speech.TranscriptionStream.feed`).
@@ -202,10 +210,11 @@ class PocketsphinxStream(StreamLifecycle):
         Raises:
             StreamFinishedError: ``finish()`` was already called.
             StreamClosedError: The stream is closed.
+            TranscriptionError: Decoding failed.
         """
         self._check_open()
         self._pending += self._input.push(pcm16)
-        if len(self._pending) >= _PIECE_BYTES:  # less than a piece would only be carried over
+        if self._eager and len(self._pending) >= _PIECE_BYTES:  # less would only be carried over
             self._kick()
 
     async def partial(self) -> Transcript | None:
@@ -237,19 +246,34 @@ class PocketsphinxStream(StreamLifecycle):
         return await self._final
 
     def close(self) -> None:
-        """Give the decoder back to the pool (once its thread is done); idempotent."""
+        """Give the decoder back (once the request in flight is done); idempotent."""
         if self._state is StreamState.CLOSED:
             return
         self._state = StreamState.CLOSED
+        self._pending.clear()
         self._fail_waiters(StreamClosedError("transcription stream closed"))
-        if self._worker is None:
-            self._release_slot()
+        if self._sender is None:
+            self._let_go()
 
     async def aclose(self) -> None:
-        """Close, then wait until the decoder's thread is done and the decoder is pooled."""
+        """Close, then wait until the request in flight is done and the decoder given back."""
         self.close()
-        if self._worker is not None:
-            await asyncio.wait([self._worker])
+        if self._sender is not None:
+            await asyncio.wait([self._sender])
+
+    # -- for subclasses ------------------------------------------------------------------------
+    async def _request(self, audio: bytes, end: bool,
+                       want_text: bool) -> tuple[str, tuple[str, ...]]:
+        """Decode ``audio``, end the utterance if ``end``; the hypothesis (when asked for or at
+        the end) and the keyphrases spotted so far."""
+        raise NotImplementedError
+
+    def _let_go(self) -> None:
+        """The stream is done (finished, closed, or failed): give its decoder back."""
+        raise NotImplementedError
+
+    def _abandon(self) -> None:
+        """The sender failed or was cancelled mid-request: the decoder is in an unknown state."""
 
     # -- internals -------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -258,30 +282,22 @@ class PocketsphinxStream(StreamLifecycle):
             raise self._failure
 
     def _kick(self) -> None:
-        if self._worker is not None or self._failure is not None:
+        if self._sender is not None or self._failure is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # fed outside a loop: the audio waits for partial() or finish()
-        self._worker = loop.create_task(self._run())
+        self._sender = loop.create_task(self._run())
 
-    def _waiters(self) -> list[asyncio.Future[Any]]:
+    def _fail_waiters(self, error: Exception) -> None:
         waiters: list[asyncio.Future[Any]] = list(self._partials)
         if self._final is not None:
             waiters.append(self._final)
-        return waiters
-
-    def _fail_waiters(self, error: Exception) -> None:
-        for future in self._waiters():
+        for future in waiters:
             if not future.done():
                 future.set_exception(error)
         self._partials = []
-
-    def _release_slot(self) -> None:
-        slot, self._slot = self._slot, None
-        if slot is not None:
-            self._owner._release(slot)
 
     async def _run(self) -> None:
         cancelled = False
@@ -294,38 +310,64 @@ class PocketsphinxStream(StreamLifecycle):
                 ending = self._state is StreamState.FINISHING
                 if not audio and not partials and not ending:
                     break
-                text = await asyncio.to_thread(
-                    self._decode, audio, ending, bool(partials) or ending
-                )
+                text, spotted = await self._request(audio, ending, bool(partials))
                 for future in partials:
                     if not future.done():
-                        future.set_result(Transcript(text, final=False))
+                        future.set_result(Transcript(text, final=False, keyphrases=spotted))
                 if ending:
                     if self._state is StreamState.FINISHING:
                         self._state = StreamState.FINISHED
                     if self._final is not None and not self._final.done():
-                        self._final.set_result(Transcript(text, final=True))
+                        self._final.set_result(Transcript(text, final=True, keyphrases=spotted))
                     break
         except asyncio.CancelledError:
-            # The loop is going away; the decoder's thread may still be running, so the
-            # decoder is abandoned rather than pooled.
+            # The loop is going away; a decoder call may still be running.
             cancelled = True
-            self._slot = None
+            self._abandon()
             raise
         except Exception as exc:
             if isinstance(exc, TranscriptionError):
                 failure = exc
             else:
-                failure = TranscriptionError(f"pocketsphinx failed: {exc}")
+                failure = TranscriptionError(f"{self._engine} failed: {exc}")
                 failure.__cause__ = exc
             self._failure = failure
-            self._slot = None  # in an unknown state: not for reuse
+            self._abandon()
             self._partials += partials
             self._fail_waiters(failure)
         finally:
-            self._worker = None
-            if not cancelled and self._state in (StreamState.FINISHED, StreamState.CLOSED):
-                self._release_slot()
+            self._sender = None
+            done = self._state in (StreamState.FINISHED, StreamState.CLOSED)
+            if not cancelled and (done or self._failure is not None):
+                self._let_go()
+
+
+class PocketsphinxStream(SerialDecodingStream):
+    """One utterance on a :class:`PocketsphinxTranscriber` (a :class:`~speech.TranscriptionStream`).
+
+    The sender runs every decoder call in a thread. Audio is cut into fixed 20 ms pieces there,
+    so the result does not depend on the chunk sizes given to :meth:`feed` or on when the sender
+    ran.
+    """
+
+    def __init__(self, owner: PocketsphinxTranscriber, *, sample_rate: int) -> None:
+        super().__init__(sample_rate=sample_rate)
+        self._owner = owner
+        # Touched by the sender's thread while the sender runs, else by the loop's thread.
+        self._slot: _Slot | None = None
+        self._remainder = b""  # less than one piece, waiting for more
+
+    async def _request(self, audio: bytes, end: bool,
+                       want_text: bool) -> tuple[str, tuple[str, ...]]:
+        return await asyncio.to_thread(self._decode, audio, end, want_text or end), ()
+
+    def _let_go(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            self._owner._release(slot)
+
+    def _abandon(self) -> None:
+        self._slot = None  # a thread may still be in it, or it is in an unknown state
 
     def _decode(self, audio: bytes, end: bool, want_text: bool) -> str:
         """Worker thread: decode ``audio``, optionally end the utterance, return the hypothesis."""

@@ -54,11 +54,15 @@ class Transcript:
         text: The words, as the engine wrote them (may be empty).
         final: ``False`` for an interim result from ``partial()``.
         confidence: The engine's confidence in [0, 1], where it gives one.
+        keyphrases: Phrases a keyphrase spotter heard beside ``text`` (in the order first
+            heard), where the transcriber has one (:class:`~speech.PocketsphinxPoolTranscriber`
+            with ``keyphrases``).
     """
 
     text: str
     final: bool = True
     confidence: float | None = None
+    keyphrases: tuple[str, ...] = ()
 
 
 @runtime_checkable

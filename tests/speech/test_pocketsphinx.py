@@ -160,6 +160,17 @@ async def test_a_decoder_closed_mid_utterance_is_reused_cleanly(
     assert pool.idle_decoders == 1
 
 
+async def test_a_reused_decoder_hears_what_a_fresh_one_hears() -> None:
+    timit, _ = caller_speech("barge_in_timit")
+    fresh = await transcribe(PocketsphinxTranscriber(max_idle_decoders=1), timit, FRAME_BYTES)
+    reused = PocketsphinxTranscriber(max_idle_decoders=1)
+    await transcribe(reused, caller_speech(CLIP)[0], FRAME_BYTES)
+    assert reused.idle_decoders == 1
+    # With only set_cmn between utterances this was "he added up the good kill arturo year"
+    # against a fresh decoder's "to add to that the great deal of toro year".
+    assert await transcribe(reused, timit, FRAME_BYTES) == fresh
+
+
 async def test_close_while_finishing_fails_the_waiter_and_returns_the_decoder() -> None:
     pcm, _ = caller_speech(CLIP)
     pool = PocketsphinxTranscriber(max_idle_decoders=1)
