@@ -37,11 +37,20 @@ from vad import (
     BargeInPolicy,
     BargeInSettings,
     BotState,
-    Decision,
+    BotView,
+    DropReason,
     EchoCanceller,
     EchoCancellerSettings,
     EchoGateSettings,
+    Effect,
+    Interrupt,
+    OverUninterruptible,
+    Pause,
     PolicyState,
+    Resume,
+    SpeechStarted,
+    SpeechStopped,
+    Suppressed,
     VadEngine,
     VadStream,
 )
@@ -152,9 +161,7 @@ class CallSession:
         self._aec: EchoCanceller | None = None
         self._cancelled: VadStream | None = None  # the VAD of the echo-cancelled audio
         self._media_end_ms = 0.0
-        self._paused_utterance: str | None = None
         self._progress_reported: tuple[str, float] = ("", 0.0)  # utterance, heard_ms published
-        self._over_uninterruptible = False
         self._hangup_requested = False
         self._closed = asyncio.Event()
         # Speech to text: the caller's turns, from a little before speech_started to
@@ -163,7 +170,6 @@ class CallSession:
         self._transcriber: Any = None
         self._transcribe_inline = transcribe_inline
         self._stt_stream: Any = None
-        self._stt_backchannel = False
         self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
         self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
@@ -171,10 +177,12 @@ class CallSession:
     def _configure(self) -> None:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
-        barge_in = self.settings.barge_in
-        if barge_in.dtmf_interrupts != self.settings.dtmf_interrupts:
-            # CallSettings.dtmf_interrupts (the agent's YAML) is the switch; the policy acts on it.
-            barge_in = replace(barge_in, dtmf_interrupts=self.settings.dtmf_interrupts)
+        # CallSettings' dtmf_interrupts and speech_over_uninterruptible (the agent's YAML) are
+        # the switches; the policy acts on them.
+        barge_in = replace(self.settings.barge_in,
+                           dtmf_interrupts=self.settings.dtmf_interrupts,
+                           speech_over_uninterruptible=OverUninterruptible(
+                               self.settings.speech_over_uninterruptible))
         self.policy = BargeInPolicy(barge_in)
         self.turn = TurnDetector(self.settings.turn)
         self._turn_open = False  # a caller turn whose transcript is not published yet
@@ -282,9 +290,8 @@ class CallSession:
                                  msg.timestamp_ms + len(samples) / 8)
         stream = self._stream
         assert stream is not None
-        # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
-        # frame completes at most one window, so this is the state after the previous window.
-        stream.gate_adapt = self.policy.state is PolicyState.IDLE
+        # A frame completes at most one window, so this is the state after the previous window.
+        stream.gate_adapt = self.policy.gate_may_adapt
         self.turn.feed(samples)
         cancelled = self._cancelled
         if cancelled is not None and self._aec is not None:
@@ -297,44 +304,50 @@ class CallSession:
         for k, r in enumerate(results):
             assert r.gate is not None and r.features is not None
             p_clean = clean[k].prob if k < len(clean) else None
-            caller = self.policy.is_caller(r.prob, r.gate, r.features, p_clean)
-            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state(),
-                                      clean_prob=p_clean):
-                await self._decide(d)
-            await self._turn_step(caller and self.policy.state is not PolicyState.IDLE,
-                                  r.end_sample)
+            for effect in self.policy.step(r.prob, r.gate, r.features, self._bot_view(),
+                                           clean_prob=p_clean):
+                await self._carry_out(effect)
+            await self._turn_step(self.policy.in_speech, r.end_sample)
             if self.timeline.sampling:  # the ops stream's readings (gateway/ops.py)
                 self.timeline.sample(r.end_sample / 8, "in", prob=r.prob, gate=r.gate,
                                      state=self.policy.state.value)
         await self._pump()
 
-    def _bot_state(self) -> BotState:
+    def _bot_view(self) -> BotView:
+        """The bot's side of the line, for the policy: what is audible now, and the head
+        utterance's id and state."""
         u = self.playback.audible(self.now_ms)
-        if u is None:
-            return BotState.SILENT
-        return BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE
+        audible = (BotState.SILENT if u is None else
+                   BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE)
+        head = self.playback.current
+        if head is None:
+            return BotView(audible, reply_unheard=self._unanswered is not None)
+        return BotView(audible, utterance_id=head.id, interruptible=head.interruptible,
+                       playing=head.state is UtteranceState.PLAYING,
+                       paused=head.state is UtteranceState.PAUSED,
+                       reply_unheard=self._unanswered is not None)
 
-    async def _decide(self, d: Decision) -> None:
+    async def _carry_out(self, effect: Effect) -> None:
+        """Do what the policy decided (vad/_policy.py); every check is the policy's."""
         now = self.now_ms
-        if d is Decision.SPEECH_STARTED:
-            over = self._bot_state() is BotState.NON_INTERRUPTIBLE
-            self._over_uninterruptible = over
+        if isinstance(effect, SpeechStarted):
             self._start_transcription()
             self.emit("speech_started")
-            await self.publish("speech_started", over_uninterruptible=over)
+            await self.publish("speech_started", over_uninterruptible=effect.over_uninterruptible)
             if self._turn_tentative:
                 self._turn_tentative = False
                 if self._unanswered is None:
                     self._carry_text = True  # its transcript is still on its way
-            if self._unanswered is not None and not over:
-                await self._hold_reply()
-        elif d is Decision.SPEECH_STOPPED:
-            if self._stt_backchannel or (self._over_uninterruptible
-                                         and self.settings.speech_over_uninterruptible == "drop"):
+            if self._unanswered is not None and not effect.over_uninterruptible:
+                text, self._unanswered = self._unanswered, None  # the caller went on
+                if effect.drop_reply:
+                    await self._hold_reply(text)
+        elif isinstance(effect, SpeechStopped):
+            if effect.dropped is not None:
                 # Not a turn for the agent: its words are settled here and now.
                 self.turn.end_turn()
                 self._turn_open = False
-                await self._finish_transcription()
+                await self._finish_transcription(effect.dropped)
             elif self._turn_ended_early:  # a wait shorter than the policy's stop_windows
                 self._turn_ended_early = False
                 self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms, wait_ms=None,
@@ -343,38 +356,28 @@ class CallSession:
             else:
                 self._turn_open = True  # the transcript waits for the turn's end (_turn_step)
             self.emit("speech_stopped")
-            await self.publish("speech_stopped", over_uninterruptible=self._over_uninterruptible,
-                               dropped=self._over_uninterruptible
-                               and self.settings.speech_over_uninterruptible == "drop")
-            self._over_uninterruptible = False
-        elif d is Decision.PAUSE:
+            await self.publish("speech_stopped", over_uninterruptible=effect.over_uninterruptible,
+                               dropped=effect.dropped is DropReason.OVER_UNINTERRUPTIBLE)
+        elif isinstance(effect, Pause):
             u = self.playback.current
-            if u is None or not u.interruptible or u.state is not UtteranceState.PLAYING:
+            if u is None or u.id != effect.utterance_id or u.state is not UtteranceState.PLAYING:
+                # Stale: the line changed while an earlier effect was awaited (a downlink event
+                # finished the utterance). The policy's Resume finds nothing paused then.
                 return
             out = self.playback.pause(now)
-            self._paused_utterance = u.id
-            await self._clear(reason="barge_in", utterance_id=u.id,
-                              onset_ms=self.policy.caller_onset_ms)
+            await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,
                       text=u.text, heard_text=u.heard_text())
             await self._apply(out)
-        elif d is Decision.COMMIT:
-            await self._interrupt(reason="speech")
-        elif d is Decision.DTMF_INTERRUPT:
-            await self._interrupt(reason="dtmf")
-        elif d is Decision.RESUME:
-            if self._paused_utterance is None:
-                return
-            self._paused_utterance = None
-            self._stt_backchannel = True  # a backchannel is no turn: its words stay here
+        elif isinstance(effect, Interrupt):
+            await self._interrupt(reason=effect.reason.value)
+        elif isinstance(effect, Resume):
             await self._apply(self.playback.resume(now))
-        elif d is Decision.SUPPRESSED:
-            u = self.playback.audible(now)
-            uid = u.id if u is not None else None
-            self.emit("interrupt_suppressed", utterance_id=uid,
-                      policy=self.settings.speech_over_uninterruptible)
-            await self.publish("interrupt_suppressed", utterance_id=uid,
-                               policy=self.settings.speech_over_uninterruptible)
+        elif isinstance(effect, Suppressed):
+            self.emit("interrupt_suppressed", utterance_id=effect.utterance_id,
+                      policy=effect.policy.value)
+            await self.publish("interrupt_suppressed", utterance_id=effect.utterance_id,
+                               policy=effect.policy.value)
 
     # -- turn taking ------------------------------------------------------------------------
     async def _turn_step(self, speech: bool, end_sample: int) -> None:
@@ -412,14 +415,12 @@ class CallSession:
                   text_hold=est.text_hold if est else False)
         await self._finish_transcription()
 
-    async def _hold_reply(self) -> None:
+    async def _hold_reply(self, text: str) -> None:
         """The caller spoke again after a turn end, before hearing any of the reply: drop the
-        reply (queued audio and the generation behind it) and carry the turn's words into the
-        next transcript, which replaces the last one (``replaces_previous``)."""
-        text, self._unanswered = self._unanswered, None
+        reply (queued audio and the generation behind it) and carry the turn's words (``text``)
+        into the next transcript, which replaces the last one (``replaces_previous``). A reply
+        that must be heard in full plays (the policy's ``drop_reply`` is False for it)."""
         u = self.playback.current
-        if u is not None and not u.interruptible:
-            return  # a reply that must be heard in full plays; the caller's words are a new turn
         self._merge_text = text
         self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
                   after_ms=round(self.now_ms - self._turn_end_ms, 1))
@@ -435,24 +436,21 @@ class CallSession:
         if self._transcriber is None or self._stt_stream is not None:
             return
         self._stt_stream = self._transcriber.open_stream(sample_rate=TELEPHONY_RATE)
-        self._stt_backchannel = False
         for ulaw in self._preroll:
             self._stt_stream.feed(ulaw_to_pcm16(ulaw))
         self._preroll.clear()
 
-    async def _finish_transcription(self) -> None:
+    async def _finish_transcription(self, dropped: DropReason | None = None) -> None:
+        """The turn's words go to speech to text's final answer; ``dropped``: why they are no
+        turn for the agent (the policy's :class:`vad.SpeechStopped`)."""
         stream, self._stt_stream = self._stt_stream, None
         if stream is None:
             return
-        dropped = self._stt_backchannel or (
-            self._over_uninterruptible and self.settings.speech_over_uninterruptible == "drop"
-        )
-        reason = "backchannel" if self._stt_backchannel else ("over_uninterruptible"
-                                                             if dropped else None)
+        reason = dropped.value if dropped is not None else None
         if self._transcribe_inline:
-            await self._transcribed(stream, dropped, reason)
+            await self._transcribed(stream, dropped is not None, reason)
         else:
-            task = asyncio.create_task(self._transcribed(stream, dropped, reason))
+            task = asyncio.create_task(self._transcribed(stream, dropped is not None, reason))
             self._stt_tasks.add(task)
             task.add_done_callback(self._stt_tasks.discard)
 
@@ -496,7 +494,6 @@ class CallSession:
 
     async def _interrupt(self, *, reason: str) -> None:
         """The caller took the turn: stop the current interruptible utterance for good."""
-        self._paused_utterance = None
         u, out = self.playback.interrupt(self.now_ms)
         if u is None:
             return
@@ -528,12 +525,8 @@ class CallSession:
         self.dtmf_digits += msg.digit
         self.emit("dtmf", digit=msg.digit)
         await self.publish("dtmf", digit=msg.digit)
-        u = self.playback.current
-        playing = u is not None and u.interruptible and u.state is UtteranceState.PLAYING
-        paused = u is not None and u.interruptible and u.state is UtteranceState.PAUSED
-        bot = BotState.INTERRUPTIBLE if playing else self._bot_state()
-        for d in self.policy.on_dtmf(bot, paused=paused):
-            await self._decide(d)
+        for effect in self.policy.on_dtmf(self._bot_view()):
+            await self._carry_out(effect)
 
     # -- worker side -----------------------------------------------------------------------
     async def handle_downlink(self, event: dict[str, Any]) -> None:
