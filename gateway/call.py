@@ -7,8 +7,8 @@ an injected ``send`` coroutine, and talks to the session worker only through the
 Per inbound ``media`` frame it decodes the mu-law payload and runs the call's stream on the shared
 VAD engine, which scores every 32 ms window of all calls in batches: Silero, the call's echo/noise
 gate (fed with the bot audio the call sends) and the window's features. For each window it then
-asks :class:`vad.BargeInPolicy` what the caller is doing. It acts on the answer *at once*, without a
-round trip to the worker: ``clear`` to Twilio and the utterance's audio held back (pause), then,
+steps :class:`vad.BargeInPolicy`, which holds the whole decision, and carries out the effects it
+returns *at once*, without a round trip to the worker: ``clear`` to Twilio and the utterance's audio held back (pause), then,
 once the caller has clearly taken the turn, the utterance dropped and ``interrupt`` published with
 what the caller heard (from echoed marks). Utterances of non-interruptible nodes are never
 cleared; speech over them is published as ``interrupt_suppressed``.
