@@ -76,7 +76,7 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
             clean_prob: float | None = None) -> Any:
         rows.append([self._window * 32.0 + 32.0, prob, -1.0 if clean_prob is None else clean_prob,
                      *(float(getattr(gate, k)) for k in _GATE), feat.voicing, feat.dtmf,
-                     _BOT[bot.value]])
+                     _BOT[getattr(bot, "audible", bot).value]])  # a BotView or a BotState
         return original(self, prob, gate, feat, bot, clean_prob=clean_prob)
 
     async def run() -> None:
@@ -133,7 +133,7 @@ def _first_stop(rows: np.ndarray, params: dict[str, Any]) -> float | None:
                            bool(free), float(band), float(ref), float(erl), float(corr))
         out = policy.step(float(prob), gate, WindowFeatures(float(voicing), float(dtmf)),
                           bots[int(bot)], clean_prob=None if clean < 0 else float(clean))
-        if Decision.PAUSE in out or Decision.COMMIT in out:
+        if any(e.kind in (Decision.PAUSE, Decision.COMMIT) for e in out):
             return float(t)
     return None
 

@@ -285,6 +285,10 @@ class CallResult:
     variant: str
     echo_only: bool
     verdict: dict[str, Any]
+    pauses: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    """``(clear_ms, gap_ms)`` of each pause that resumed (``linesim.scoring.pause_gaps``)."""
+    onset_ms: float | None = None
+    """The labelled barge-in onset (None on calls without one)."""
 
 
 async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurrency: int,
@@ -322,7 +326,10 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
                         else:
                             events = await _replay_closed(call, settings[v.name], engine)
                         results.append(CallResult(cond, v.name, echo_only,
-                                                  scoring.score(call.labels, events)))
+                                                  scoring.score(call.labels, events),
+                                                  scoring.pause_gaps(events),
+                                                  call.labels["expect"].get(
+                                                      "barge_in_onset_ms")))
                     path.unlink(missing_ok=True)
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -344,6 +351,11 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
 
 def _aggregate(results: Sequence[CallResult]) -> dict[str, Any]:
     verdicts = [r.verdict for r in results]
+    gaps = [g for r in results for _, g in r.pauses]
+    # A resume of a pause at a real barge-in (from the evaluator's early slack on): the caller's
+    # words taken for a backchannel, and the bot back over them.
+    false_resumes = sum(any(at >= r.onset_ms - scoring.EARLY_SLACK_MS for at, _ in r.pauses)
+                        for r in results if r.onset_ms is not None)
     lat = [v["latency_ms"] for v in verdicts if v["latency_ms"] is not None]
     expected = sum(v["expect_barge_in"] and not v.get("not_applicable") for v in verdicts)
     return {
@@ -356,6 +368,10 @@ def _aggregate(results: Sequence[CallResult]) -> dict[str, Any]:
         "false_stops": sum(v["false_stop"] for v in verdicts),
         "false_interrupts": sum(v["false_interrupt"] for v in verdicts),
         "dtmf_wrong": sum(v["dtmf_ok"] is False for v in verdicts),
+        "resumes": len(gaps),
+        "false_resumes": false_resumes,
+        "pause_gap_p50_ms": statistics.median(gaps) if gaps else None,
+        "pause_gap_p95_ms": scoring.pct(gaps, 0.95),
     }
 
 
@@ -399,6 +415,9 @@ def _cell(a: dict[str, Any]) -> str:
         p95 = f"{a['latency_p95_ms']:.0f}" if a["latency_p95_ms"] is not None else "-"
         parts.append(f"{a['detected']}/{a['barge_in_expected']} {p50}/{p95} ms")
     parts.append(f"FS {a['false_stops']} FI {a['false_interrupts']}")
+    if a.get("resumes"):
+        parts.append(f"gap {a['pause_gap_p50_ms']:.0f}/{a['pause_gap_p95_ms']:.0f} ms "
+                     f"({a['resumes']}, FR {a['false_resumes']})")
     return " · ".join(parts)
 
 
@@ -409,7 +428,10 @@ def report_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
              f"{meta['speed']['calls']} calls, {meta['speed']['replays']} replays.",
              "",
              "Cells: detected/expected barge-ins, latency p50/p95 ms, FS = calls with a false "
-             "stop, FI = calls with a false interrupt (the evaluator's rules).",
+             "stop, FI = calls with a false interrupt (the evaluator's rules); gap = p50/p95 of "
+             "the audible gap of the pauses that resumed, from `clear` to the resumed audio "
+             "(their number in brackets; FR = barge-in calls whose real barge-in was resumed "
+             "over).",
              "",
              "| calls | " + " | ".join(variants) + " |",
              "|---|" + "---|" * len(variants)]

@@ -7,8 +7,8 @@ an injected ``send`` coroutine, and talks to the session worker only through the
 Per inbound ``media`` frame it decodes the mu-law payload and runs the call's stream on the shared
 VAD engine, which scores every 32 ms window of all calls in batches: Silero, the call's echo/noise
 gate (fed with the bot audio the call sends) and the window's features. For each window it then
-asks :class:`vad.BargeInPolicy` what the caller is doing. It acts on the answer *at once*, without a
-round trip to the worker: ``clear`` to Twilio and the utterance's audio held back (pause), then,
+steps :class:`vad.BargeInPolicy`, which holds the whole decision, and carries out the effects it
+returns *at once*, without a round trip to the worker: ``clear`` to Twilio and the utterance's audio held back (pause), then,
 once the caller has clearly taken the turn, the utterance dropped and ``interrupt`` published with
 what the caller heard (from echoed marks). Utterances of non-interruptible nodes are never
 cleared; speech over them is published as ``interrupt_suppressed``.
@@ -37,11 +37,20 @@ from vad import (
     BargeInPolicy,
     BargeInSettings,
     BotState,
-    Decision,
+    BotView,
+    DropReason,
     EchoCanceller,
     EchoCancellerSettings,
     EchoGateSettings,
+    Effect,
+    Interrupt,
+    OverUninterruptible,
+    Pause,
     PolicyState,
+    Resume,
+    SpeechStarted,
+    SpeechStopped,
+    Suppressed,
     VadEngine,
     VadStream,
 )
@@ -163,9 +172,7 @@ class CallSession:
         self._aec: EchoCanceller | None = None
         self._cancelled: VadStream | None = None  # the VAD of the echo-cancelled audio
         self._media_end_ms = 0.0
-        self._paused_utterance: str | None = None
         self._progress_reported: tuple[str, float] = ("", 0.0)  # utterance, heard_ms published
-        self._over_uninterruptible = False
         self._hangup_requested = False
         self._closed = asyncio.Event()
         # Speech to text: the caller's turns, from a little before speech_started to
@@ -174,7 +181,6 @@ class CallSession:
         self._transcriber: Any = None
         self._transcribe_inline = transcribe_inline
         self._stt_stream: Any = None
-        self._stt_backchannel = False
         self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
         self._heard_utterance: str | None = None
@@ -184,10 +190,12 @@ class CallSession:
     def _configure(self) -> None:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
-        barge_in = self.settings.barge_in
-        if barge_in.dtmf_interrupts != self.settings.dtmf_interrupts:
-            # CallSettings.dtmf_interrupts (the agent's YAML) is the switch; the policy acts on it.
-            barge_in = replace(barge_in, dtmf_interrupts=self.settings.dtmf_interrupts)
+        # CallSettings' dtmf_interrupts and speech_over_uninterruptible (the agent's YAML) are
+        # the switches; the policy acts on them.
+        barge_in = replace(self.settings.barge_in,
+                           dtmf_interrupts=self.settings.dtmf_interrupts,
+                           speech_over_uninterruptible=OverUninterruptible(
+                               self.settings.speech_over_uninterruptible))
         self.policy = BargeInPolicy(barge_in)
         self.turn = TurnDetector(self.settings.turn)
         self._turn_open = False  # a caller turn whose transcript is not published yet
@@ -201,6 +209,7 @@ class CallSession:
         self._carry_text = False  # the caller went on before the early transcript came back
         # turn.speculate: (stream, text sent, merged prefix) while its final is on its way.
         self._speculated: tuple[Any, str, str | None] | None = None
+        self._turn_over_uninterruptible = False  # the last turn was spoken over such a reply
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -301,9 +310,8 @@ class CallSession:
                                  msg.timestamp_ms + len(samples) / 8)
         stream = self._stream
         assert stream is not None
-        # The echo gate learns the line (echo gain, noise floor) only while nobody talks. A
-        # frame completes at most one window, so this is the state after the previous window.
-        stream.gate_adapt = self.policy.state is PolicyState.IDLE
+        # A frame completes at most one window, so this is the state after the previous window.
+        stream.gate_adapt = self.policy.gate_may_adapt
         self.turn.feed(samples)
         cancelled = self._cancelled
         if cancelled is not None and self._aec is not None:
@@ -316,44 +324,51 @@ class CallSession:
         for k, r in enumerate(results):
             assert r.gate is not None and r.features is not None
             p_clean = clean[k].prob if k < len(clean) else None
-            caller = self.policy.is_caller(r.prob, r.gate, r.features, p_clean)
-            for d in self.policy.step(r.prob, r.gate, r.features, self._bot_state(),
-                                      clean_prob=p_clean):
-                await self._decide(d)
-            await self._turn_step(caller and self.policy.state is not PolicyState.IDLE,
-                                  r.end_sample)
+            for effect in self.policy.step(r.prob, r.gate, r.features, self._bot_view(),
+                                           clean_prob=p_clean):
+                await self._carry_out(effect)
+            await self._turn_step(self.policy.in_speech, r.end_sample)
             if self.timeline.sampling:  # the ops stream's readings (gateway/ops.py)
                 self.timeline.sample(r.end_sample / 8, "in", prob=r.prob, gate=r.gate,
                                      state=self.policy.state.value)
         await self._pump()
 
-    def _bot_state(self) -> BotState:
+    def _bot_view(self) -> BotView:
+        """The bot's side of the line, for the policy: what is audible now, and the head
+        utterance's id and state."""
         u = self.playback.audible(self.now_ms)
-        if u is None:
-            return BotState.SILENT
-        return BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE
+        audible = (BotState.SILENT if u is None else
+                   BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE)
+        head = self.playback.current
+        if head is None:
+            return BotView(audible, reply_unheard=self._unanswered is not None)
+        return BotView(audible, utterance_id=head.id, interruptible=head.interruptible,
+                       playing=head.state is UtteranceState.PLAYING,
+                       paused=head.state is UtteranceState.PAUSED,
+                       reply_unheard=self._unanswered is not None)
 
-    async def _decide(self, d: Decision) -> None:
+    async def _carry_out(self, effect: Effect) -> None:
+        """Do what the policy decided (vad/_policy.py); every check is the policy's."""
         now = self.now_ms
-        if d is Decision.SPEECH_STARTED:
-            over = self._bot_state() is BotState.NON_INTERRUPTIBLE
-            self._over_uninterruptible = over
+        if isinstance(effect, SpeechStarted):
             self._start_transcription()
             self.emit("speech_started")
-            await self.publish(bp.SpeechStarted(over_uninterruptible=over, t_ms=now))
+            await self.publish(bp.SpeechStarted(
+                over_uninterruptible=effect.over_uninterruptible, t_ms=now))
             if self._turn_tentative:
                 self._turn_tentative = False
                 if self._unanswered is None:
                     self._carry_text = True  # its transcript is still on its way
-            if self._unanswered is not None and not over:
-                await self._hold_reply()
-        elif d is Decision.SPEECH_STOPPED:
-            if self._stt_backchannel or (self._over_uninterruptible
-                                         and self.settings.speech_over_uninterruptible == "drop"):
+            if self._unanswered is not None and not effect.over_uninterruptible:
+                text, self._unanswered = self._unanswered, None  # the caller went on
+                if effect.drop_reply:
+                    await self._hold_reply(text)
+        elif isinstance(effect, SpeechStopped):
+            if effect.dropped is not None:
                 # Not a turn for the agent: its words are settled here and now.
                 self.turn.end_turn()
                 self._turn_open = False
-                await self._finish_transcription()
+                await self._finish_transcription(effect.dropped)
             elif self._turn_ended_early:  # a wait shorter than the policy's stop_windows
                 self._turn_ended_early = False
                 self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms, wait_ms=None,
@@ -362,39 +377,30 @@ class CallSession:
             else:
                 self._turn_open = True  # the transcript waits for the turn's end (_turn_step)
             self.emit("speech_stopped")
+            self._turn_over_uninterruptible = effect.over_uninterruptible
             await self.publish(bp.SpeechStopped(
-                over_uninterruptible=self._over_uninterruptible,
-                dropped=self._over_uninterruptible
-                and self.settings.speech_over_uninterruptible == "drop", t_ms=now))
-            self._over_uninterruptible = False
-        elif d is Decision.PAUSE:
+                over_uninterruptible=effect.over_uninterruptible,
+                dropped=effect.dropped is DropReason.OVER_UNINTERRUPTIBLE, t_ms=now))
+        elif isinstance(effect, Pause):
             u = self.playback.current
-            if u is None or not u.interruptible or u.state is not UtteranceState.PLAYING:
+            if u is None or u.id != effect.utterance_id or u.state is not UtteranceState.PLAYING:
+                # Stale: the line changed while an earlier effect was awaited (a downlink event
+                # finished the utterance). The policy's Resume finds nothing paused then.
                 return
             out = self.playback.pause(now)
-            self._paused_utterance = u.id
-            await self._clear(reason="barge_in", utterance_id=u.id,
-                              onset_ms=self.policy.caller_onset_ms)
+            await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,
                       text=u.text, heard_text=u.heard_text())
             await self._apply(out)
-        elif d is Decision.COMMIT:
-            await self._interrupt(reason="speech")
-        elif d is Decision.DTMF_INTERRUPT:
-            await self._interrupt(reason="dtmf")
-        elif d is Decision.RESUME:
-            if self._paused_utterance is None:
-                return
-            self._paused_utterance = None
-            self._stt_backchannel = True  # a backchannel is no turn: its words stay here
+        elif isinstance(effect, Interrupt):
+            await self._interrupt(reason=effect.reason.value)
+        elif isinstance(effect, Resume):
             await self._apply(self.playback.resume(now))
-        elif d is Decision.SUPPRESSED:
-            u = self.playback.audible(now)
-            uid = u.id if u is not None else None
-            self.emit("interrupt_suppressed", utterance_id=uid,
-                      policy=self.settings.speech_over_uninterruptible)
+        elif isinstance(effect, Suppressed):
+            self.emit("interrupt_suppressed", utterance_id=effect.utterance_id,
+                      policy=effect.policy.value)
             await self.publish(bp.InterruptSuppressed(
-                utterance_id=uid, policy=self.settings.speech_over_uninterruptible, t_ms=now))
+                utterance_id=effect.utterance_id, policy=effect.policy.value, t_ms=now))
 
     # -- turn taking ------------------------------------------------------------------------
     async def _turn_step(self, speech: bool, end_sample: int) -> None:
@@ -438,8 +444,10 @@ class CallSession:
         """Send a streaming recogniser's partial as the turn's text now (``turn.speculate``):
         the agent starts on it; its final, when it comes, confirms or revises it."""
         stream = self._stt_stream
-        if (stream is None or not hasattr(stream, "partials") or self._stt_backchannel
-                or self._over_uninterruptible):
+        # A backchannel's or a dropped turn's stream is settled at its SpeechStopped (None here);
+        # words over a non-interruptible reply wait for their final.
+        if (stream is None or not hasattr(stream, "partials")
+                or self._turn_over_uninterruptible):
             return
         partial = await stream.partial()
         text = partial.text.strip() if partial is not None else ""
@@ -480,14 +488,12 @@ class CallSession:
                                          t_ms=self.now_ms))
         self._unanswered = whole
 
-    async def _hold_reply(self) -> None:
+    async def _hold_reply(self, text: str) -> None:
         """The caller spoke again after a turn end, before hearing any of the reply: drop the
-        reply (queued audio and the generation behind it) and carry the turn's words into the
-        next transcript, which replaces the last one (``replaces_previous``)."""
-        text, self._unanswered = self._unanswered, None
+        reply (queued audio and the generation behind it) and carry the turn's words (``text``)
+        into the next transcript, which replaces the last one (``replaces_previous``). A reply
+        that must be heard in full plays (the policy's ``drop_reply`` is False for it)."""
         u = self.playback.current
-        if u is not None and not u.interruptible:
-            return  # a reply that must be heard in full plays; the caller's words are a new turn
         self._merge_text = text
         self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
                   after_ms=round(self.now_ms - self._turn_end_ms, 1))
@@ -503,7 +509,6 @@ class CallSession:
         if self._transcriber is None or self._stt_stream is not None:
             return
         self._stt_stream = self._transcriber.open_stream(sample_rate=TELEPHONY_RATE)
-        self._stt_backchannel = False
         for ulaw in self._preroll:
             self._stt_stream.feed(ulaw_to_pcm16(ulaw))
         self._preroll.clear()
@@ -531,19 +536,17 @@ class CallSession:
         self._log.warning("speech to text failed (%s): %s", during, exc)
         self.emit("stt_error", error=str(exc), during=during, fallback=fallback)
 
-    async def _finish_transcription(self) -> None:
+    async def _finish_transcription(self, dropped: DropReason | None = None) -> None:
+        """The turn's words go to speech to text's final answer; ``dropped``: why they are no
+        turn for the agent (the policy's :class:`vad.SpeechStopped`)."""
         stream, self._stt_stream = self._stt_stream, None
         if stream is None:
             return
-        dropped = self._stt_backchannel or (
-            self._over_uninterruptible and self.settings.speech_over_uninterruptible == "drop"
-        )
-        reason = "backchannel" if self._stt_backchannel else ("over_uninterruptible"
-                                                             if dropped else None)
+        reason = dropped.value if dropped is not None else None
         if self._transcribe_inline:
-            await self._transcribed(stream, dropped, reason)
+            await self._transcribed(stream, dropped is not None, reason)
         else:
-            task = asyncio.create_task(self._transcribed(stream, dropped, reason))
+            task = asyncio.create_task(self._transcribed(stream, dropped is not None, reason))
             self._stt_tasks.add(task)
             task.add_done_callback(self._stt_tasks.discard)
 
@@ -596,7 +599,6 @@ class CallSession:
 
     async def _interrupt(self, *, reason: bp.InterruptReason) -> None:
         """The caller took the turn: stop the current interruptible utterance for good."""
-        self._paused_utterance = None
         u, out = self.playback.interrupt(self.now_ms)
         if u is None:
             return
@@ -630,12 +632,8 @@ class CallSession:
         self.dtmf_digits += msg.digit
         self.emit("dtmf", digit=msg.digit)
         await self.publish(bp.Dtmf(digit=msg.digit, t_ms=self.now_ms))
-        u = self.playback.current
-        playing = u is not None and u.interruptible and u.state is UtteranceState.PLAYING
-        paused = u is not None and u.interruptible and u.state is UtteranceState.PAUSED
-        bot = BotState.INTERRUPTIBLE if playing else self._bot_state()
-        for d in self.policy.on_dtmf(bot, paused=paused):
-            await self._decide(d)
+        for effect in self.policy.on_dtmf(self._bot_view()):
+            await self._carry_out(effect)
 
     # -- worker side -----------------------------------------------------------------------
     async def handle_downlink(self, event: bp.DownlinkEvent) -> None:

@@ -21,7 +21,7 @@ import statistics
 from typing import Any
 
 __all__ = ["DTMF_GRACE_MS", "EARLY_SLACK_MS", "LATE_LIMIT_MS", "STOP_TYPES", "bot_speaking",
-           "pct", "score", "summarize", "summary"]
+           "pause_gaps", "pct", "score", "summarize", "summary"]
 
 STOP_TYPES = ("clear_sent", "barge_in")
 EARLY_SLACK_MS = 50
@@ -98,6 +98,27 @@ def score(labels: dict[str, Any], events: list[dict[str, Any]],
         res["dtmf_ok"] = got == expect["dtmf"]
     res["first_stop_ms"] = float(first_stop["t_ms"]) if first_stop else None
     return res
+
+
+def pause_gaps(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """``(clear_ms, gap_ms)`` for every pause that resumed (issue #12, item 6; the project's own
+    measure, not the evaluator's): the audible gap runs from the ``clear_sent`` of a barge-in
+    pause, when Twilio drops what it had queued, to the ``bot_utterance_resumed`` of that
+    utterance, when its audio goes out again (the paced playout sends it at once: it plays from
+    that media time). A pause that ended in an interrupt has no gap: the bot stopped for good."""
+    gaps: list[tuple[float, float]] = []
+    paused: dict[str, float] = {}
+    for e in events:
+        kind = e["type"]
+        if kind == "clear_sent" and e.get("reason") == "barge_in":
+            paused[str(e.get("utterance_id"))] = float(e["t_ms"])
+        elif kind == "bot_utterance_resumed":
+            at = paused.pop(str(e.get("utterance_id")), None)
+            if at is not None:
+                gaps.append((at, float(e["t_ms"]) - at))
+        elif kind in ("bot_utterance_interrupted", "barge_in"):
+            paused.pop(str(e.get("utterance_id")), None)
+    return gaps
 
 
 def pct(values: list[float], q: float) -> float | None:

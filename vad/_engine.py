@@ -60,7 +60,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ._echo import EchoGateBank, EchoGateSettings, GateReading
-from ._features import BAND_CANDIDATE_DB, WindowFeatures, features_batch, hann_power
+from ._features import WindowFeatures, features_batch, hann_power
+from ._policy import wants_features
 from ._silero import (
     CONTEXT_SAMPLES,
     INPUT_SAMPLES,
@@ -121,8 +122,7 @@ class WindowResult:
             ``echo`` settings (else None).
         features: Voicing and DTMF-likeness of the window, computed only where the policy reads
             them: windows the gate passes, and voiced-band candidates on echo-free lines
-            (``gate.echo_free`` and ``gate.band_snr_db >= BAND_CANDIDATE_DB``); elsewhere
-            zeros. None without a gate.
+            (:func:`vad._policy.wants_features`); elsewhere zeros. None without a gate.
     """
 
     index: int
@@ -469,11 +469,7 @@ class VadEngine:
             for i, reading in zip(idx, readings, strict=True):
                 gates[i] = reading
                 feats[i] = _NO_FEATURES
-                # Features matter only where the policy reads them (BargeInPolicy.is_caller):
-                # windows that pass the gate, and voiced-band candidates on echo-free lines.
-                # Skipping the rest saves most of their cost on a quiet or echo-only line.
-                if reading.passes or (reading.echo_free and reading.level_db >= floor
-                                      and reading.band_snr_db >= BAND_CANDIDATE_DB):
+                if wants_features(reading, floor):  # the policy's rule (vad/_policy.py)
                     passing.append(i)
         if passing:
             p = np.asarray(passing, dtype=np.intp)

@@ -19,13 +19,7 @@ import numpy as np
 
 from audio import TELEPHONY_RATE
 
-__all__ = ["BAND_CANDIDATE_DB", "WindowFeatures", "features_batch", "hann_power",
-           "window_features"]
-
-BAND_CANDIDATE_DB = 6.0
-"""The engine computes features for windows that fail the gate only on echo-free lines and only
-where the upper band stands at least this far over its floor (``GateReading.band_snr_db``):
-a policy's ``band_snr_db`` below this acts as this."""
+__all__ = ["WindowFeatures", "features_batch", "hann_power", "window_features"]
 
 _N = 256
 _RATE = TELEPHONY_RATE

@@ -20,20 +20,70 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    a noise, and playback **resumes** from what the caller actually heard. A *non-interruptible*
    utterance is never paused: speech over it is reported once as suppressed.
 
-The policy does no I/O; the call controller acts on the :class:`Decision` values it returns.
+4. **What becomes of the caller's words?** Speech that ended in a resume was a backchannel and
+   speech over a non-interruptible utterance is dropped when ``speech_over_uninterruptible`` is
+   ``drop``: their words are never a turn for the agent (:class:`SpeechStopped` ``dropped``).
+   A key press (Twilio's ``dtmf``) stops an interruptible prompt that is playing or paused.
+
+The policy does no I/O. It sees the bot's side as a :class:`BotView` (what is audible, and the
+head utterance's id and state) and returns :data:`Effect` records, each already checked against
+that view: a :class:`Pause` names the utterance it clears, a :class:`Resume` the one it paused.
+The call controller (``gateway/call.py``) only carries them out.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ._echo import GateReading
 from ._features import WindowFeatures
 
-__all__ = ["BargeInPolicy", "BargeInSettings", "BotState", "Decision", "PolicyState"]
+__all__ = [
+    "BAND_CANDIDATE_DB",
+    "BargeInPolicy",
+    "BargeInSettings",
+    "BotState",
+    "BotView",
+    "Decision",
+    "DropReason",
+    "Effect",
+    "Interrupt",
+    "InterruptReason",
+    "OverUninterruptible",
+    "Pause",
+    "PolicyState",
+    "Resume",
+    "SpeechStarted",
+    "SpeechStopped",
+    "Suppressed",
+    "wants_features",
+]
 
 WINDOW_MS = 32.0
+
+BAND_CANDIDATE_DB = 6.0
+"""The engine computes features for windows that fail the gate only on echo-free lines and only
+where the upper band stands at least this far over its floor (``GateReading.band_snr_db``):
+a policy's ``band_snr_db`` below this acts as this (:func:`wants_features`)."""
+
+
+def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
+    """Does the decision read this window's features (voicing, DTMF)? Only where
+    :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, and voiced-band
+    candidates on echo-free lines over the gate's floor ``min_level_dbfs``. The engine computes
+    features for these windows alone (zeros elsewhere): skipping the rest saves most of their
+    cost on a quiet or echo-only line."""
+    return gate.passes or (gate.echo_free and gate.level_db >= min_level_dbfs
+                           and gate.band_snr_db >= BAND_CANDIDATE_DB)
+
+
+class OverUninterruptible(enum.Enum):
+    """What becomes of the caller's words spoken over a non-interruptible utterance."""
+
+    KEEP = "keep"  # handed to the agent as the next turn once the utterance is over
+    DROP = "drop"  # discarded (published flagged ``dropped``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +122,14 @@ class BargeInSettings:
     """A pause never lasts longer than this without a decision (then: commit if speech)."""
     resume_on_backchannel: bool = True
     """False: every pause commits (no resume); for agents that prefer to stop on any speech."""
+    resume_windows: int | None = None
+    """Non-speech windows in a row that end a *pause* in a resume (the audible gap a
+    backchannel leaves is the rest of the backchannel plus this wait). None: ``stop_windows``."""
+    carry_ms: float | None = None
+    """A pause that starts within this long of the last resume goes on counting that pause's
+    speech towards ``commit_ms``: a caller pausing between words is one barge-in, not a row of
+    backchannels each resumed over (without it, replays show the bot resumed 2-5 times over
+    one caller's sentence). None: every pause counts from zero."""
     # The echo veto's thresholds below were fitted on the simulator's train split by
     # ``python -m bench.fit_bargein`` (vad/bargein_fit.json; tests/vad/test_fit.py checks they
     # are the file's), not tuned by hand. They act only with an echo canceller in front.
@@ -84,6 +142,9 @@ class BargeInSettings:
     dtmf_interrupts: bool = True
     """A key press (Twilio's ``dtmf`` message) stops an interruptible prompt, as IVR menus
     expect (:meth:`BargeInPolicy.on_dtmf`)."""
+    speech_over_uninterruptible: OverUninterruptible = OverUninterruptible.KEEP
+    """What the caller said over a non-interruptible utterance: kept as their next turn, or
+    dropped (:class:`SpeechStopped` ``dropped``)."""
     clean_p_min: float = 0.3
     """With an echo canceller in front (``clean_prob`` given to :meth:`BargeInPolicy.step`): a
     window Silero scores under this once the bot's echo is removed is the bot's echo, whatever
@@ -120,6 +181,32 @@ class BotState(enum.Enum):
     NON_INTERRUPTIBLE = "non_interruptible"  # an utterance that must be heard in full
 
 
+@dataclass(frozen=True, slots=True)
+class BotView:
+    """The bot's side of the line as the call controller sees it when it steps the policy."""
+
+    audible: BotState
+    """What the caller hears at this window."""
+    utterance_id: str | None = None
+    """The head of the playout queue (playing, paused or about to play), if any."""
+    interruptible: bool = False
+    """... whether it may be cut off."""
+    playing: bool = False
+    """... whether it is being sent (a pause has something to clear)."""
+    paused: bool = False
+    """... whether it is held by our pause."""
+    reply_unheard: bool = False
+    """The caller's last turn is answered by a reply they have not heard a word of yet: speech
+    now continues that turn, and the reply is dropped (turn taking, docs/turns.md)."""
+
+    @classmethod
+    def of(cls, audible: BotState) -> BotView:
+        """The view that ``audible`` alone implies (an audible interruptible utterance is the
+        head of the queue, playing)."""
+        on = audible is BotState.INTERRUPTIBLE
+        return cls(audible, interruptible=on, playing=on or audible is BotState.NON_INTERRUPTIBLE)
+
+
 class PolicyState(enum.Enum):
     IDLE = "idle"  # caller silent
     SPEAKING = "speaking"  # caller talking, bot not paused by us
@@ -128,6 +215,8 @@ class PolicyState(enum.Enum):
 
 
 class Decision(enum.Enum):
+    """The kind of an :data:`Effect`."""
+
     SPEECH_STARTED = "speech_started"
     SPEECH_STOPPED = "speech_stopped"
     PAUSE = "pause"  # send `clear` now, keep the utterance to resume
@@ -135,6 +224,83 @@ class Decision(enum.Enum):
     RESUME = "resume"  # the speech was a backchannel/noise: play on from the heard point
     SUPPRESSED = "suppressed"  # speech over a non-interruptible utterance
     DTMF_INTERRUPT = "dtmf_interrupt"  # a key stops the prompt (reason ``dtmf``)
+
+
+class DropReason(enum.Enum):
+    """Why a speech turn's words are not a turn for the agent."""
+
+    BACKCHANNEL = "backchannel"  # the bot resumed over it
+    OVER_UNINTERRUPTIBLE = "over_uninterruptible"  # ``speech_over_uninterruptible: drop``
+
+
+class InterruptReason(enum.Enum):
+    SPEECH = "speech"  # the caller talked for ``commit_ms``
+    DTMF = "dtmf"  # a key press
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    """The caller started talking (open speech to text)."""
+
+    kind: ClassVar[Decision] = Decision.SPEECH_STARTED
+    over_uninterruptible: bool
+    """... over a non-interruptible utterance."""
+    drop_reply: bool
+    """... before hearing the reply to their last turn, which is dropped (the controller's
+    ``_hold_reply``); no pause follows (there is nothing left to pause)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    """The caller stopped talking."""
+
+    kind: ClassVar[Decision] = Decision.SPEECH_STOPPED
+    over_uninterruptible: bool
+    dropped: DropReason | None
+    """Why the words are not a turn for the agent (settle them now); None: they are one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Send ``clear`` and hold ``utterance_id`` to resume from what the caller heard."""
+
+    kind: ClassVar[Decision] = Decision.PAUSE
+    utterance_id: str | None
+    onset_ms: float
+    """Where the caller's speech began (stream time): barge-in latency is measured from it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    """Stop the current interruptible utterance for good and tell the agent."""
+
+    reason: InterruptReason
+
+    @property
+    def kind(self) -> Decision:
+        return Decision.COMMIT if self.reason is InterruptReason.SPEECH else (
+            Decision.DTMF_INTERRUPT)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Play the paused ``utterance_id`` on from what the caller heard."""
+
+    kind: ClassVar[Decision] = Decision.RESUME
+    utterance_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Suppressed:
+    """The caller talked over a non-interruptible utterance (reported once per turn)."""
+
+    kind: ClassVar[Decision] = Decision.SUPPRESSED
+    utterance_id: str | None
+    policy: OverUninterruptible
+
+
+Effect = SpeechStarted | SpeechStopped | Pause | Interrupt | Resume | Suppressed
+"""What the call controller carries out, in order."""
 
 
 class BargeInPolicy:
@@ -153,6 +319,24 @@ class BargeInPolicy:
         self.caller_db: float | None = None
         """The caller's own level (median of their last real turn's windows), once known."""
         self._run_start = 0  # index of the first window of the current caller run
+        self._holding = False  # our Pause cleared an utterance that a Resume may play on
+        self._held_id: str | None = None
+        self._backchannel = False  # this speech turn ended in a resume
+        self._over_uninterruptible = False  # this speech turn began over such an utterance
+        self._caller_window = False  # the last window stepped was the caller's
+        self._resumed_window: int | None = None  # window of the last resume
+        self._resumed_speech_ms = 0.0  # the speech that pause had counted
+
+    @property
+    def gate_may_adapt(self) -> bool:
+        """The echo/noise gate learns the line (echo gain, noise floor) only while nobody talks."""
+        return self.state is PolicyState.IDLE
+
+    @property
+    def in_speech(self) -> bool:
+        """The last window stepped was the caller's, inside a speech turn: what the end-of-turn
+        detector hears as speech (vad/_turn.py)."""
+        return self._caller_window and self.state is not PolicyState.IDLE
 
     @property
     def caller_onset_ms(self) -> float:
@@ -240,15 +424,18 @@ class BargeInPolicy:
         )
 
     def step(
-        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotState,
+        self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotView | BotState,
         *, clean_prob: float | None = None,
-    ) -> list[Decision]:
-        """One window: Silero's ``prob``, the gate, the features, what the bot is doing, and
-        (with an echo canceller in front) Silero's probability on the echo-cancelled window."""
+    ) -> list[Effect]:
+        """One window: Silero's ``prob``, the gate, the features, the bot's side of the line,
+        and (with an echo canceller in front) Silero's probability on the echo-cancelled
+        window. Returns the effects to carry out, in order."""
         s = self.settings
+        view = bot if isinstance(bot, BotView) else BotView.of(bot)
         caller = self.is_caller(prob, gate, feat, clean_prob)
+        self._caller_window = caller
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
-        out: list[Decision] = []
+        out: list[Effect] = []
         self._run = self._run + 1 if caller else 0
         if caller:
             self._turn_levels.append(gate.level_db)
@@ -262,30 +449,38 @@ class BargeInPolicy:
 
         if self.state is PolicyState.IDLE:
             if self._run >= s.start_windows:
-                out.append(Decision.SPEECH_STARTED)
+                over = view.audible is BotState.NON_INTERRUPTIBLE
+                # Speech before the caller heard a word of the reply to their last turn goes on
+                # with that turn: the reply (the head utterance, unless one that must be heard
+                # in full) is dropped, so there is nothing left to pause.
+                drop_reply = view.reply_unheard and not over and (
+                    view.utterance_id is None or view.interruptible)
+                out.append(SpeechStarted(over_uninterruptible=over, drop_reply=drop_reply))
                 self._quiet = 0
                 self._suppressed_this_turn = False
-                if bot is BotState.INTERRUPTIBLE:
-                    self._pause(out)
+                self._backchannel = False
+                self._over_uninterruptible = over
+                if view.audible is BotState.INTERRUPTIBLE:
+                    self._pause(out, view, blocked=drop_reply)
                     if not s.resume_on_backchannel:
-                        self.state = PolicyState.INTERRUPTED
-                        out.append(Decision.COMMIT)
+                        self._commit(out, InterruptReason.SPEECH)
                 else:
                     self.state = PolicyState.SPEAKING
-                    if bot is BotState.NON_INTERRUPTIBLE:
+                    if over:
                         self._suppressed_this_turn = True
-                        out.append(Decision.SUPPRESSED)
+                        out.append(Suppressed(view.utterance_id, s.speech_over_uninterruptible))
             return out
 
         # The caller is talking (SPEAKING, PAUSED or INTERRUPTED).
         self._quiet = 0 if speechy else self._quiet + 1
         if self.state is PolicyState.SPEAKING:
-            if bot is BotState.NON_INTERRUPTIBLE and not self._suppressed_this_turn and caller:
+            if (view.audible is BotState.NON_INTERRUPTIBLE and not self._suppressed_this_turn
+                    and caller):
                 self._suppressed_this_turn = True
-                out.append(Decision.SUPPRESSED)
-            elif bot is BotState.INTERRUPTIBLE and self._run >= s.start_windows:
+                out.append(Suppressed(view.utterance_id, s.speech_over_uninterruptible))
+            elif view.audible is BotState.INTERRUPTIBLE and self._run >= s.start_windows:
                 # The bot started (or came back) while the caller was already talking.
-                self._pause(out)
+                self._pause(out, view, blocked=False)
         elif self.state is PolicyState.PAUSED:
             self._paused_ms += WINDOW_MS
             if caller:
@@ -293,37 +488,69 @@ class BargeInPolicy:
             if self._speech_ms >= s.commit_ms or (
                 self._paused_ms >= s.max_pause_ms and self._quiet < s.stop_windows
             ):
-                self.state = PolicyState.INTERRUPTED
-                out.append(Decision.COMMIT)
-            elif self._quiet >= s.stop_windows:
-                out.append(Decision.RESUME)
-                out.append(Decision.SPEECH_STOPPED)
-                self._reset_idle()
+                self._commit(out, InterruptReason.SPEECH)
+            elif self._quiet >= (s.stop_windows if s.resume_windows is None
+                                 else s.resume_windows):
+                if self._holding:
+                    # A backchannel or a noise: play on; its words are no turn for the agent.
+                    out.append(Resume(self._held_id))
+                    self._backchannel = True
+                    self._resumed_window, self._resumed_speech_ms = self._window, self._speech_ms
+                self._stopped(out)
                 return out
 
         if self._quiet >= s.stop_windows:
-            out.append(Decision.SPEECH_STOPPED)
-            self._reset_idle()
+            self._stopped(out)
         return out
 
-    def on_dtmf(self, bot: BotState, *, paused: bool) -> list[Decision]:
-        """A key press arrived (Twilio's ``dtmf`` message): with ``dtmf_interrupts`` it stops an
-        interruptible prompt that is playing, or the one ``paused`` for the caller's speech.
+    def on_dtmf(self, bot: BotView) -> list[Effect]:
+        """A key press arrived (Twilio's ``dtmf`` message): with ``dtmf_interrupts`` it stops the
+        head utterance if it is interruptible and playing, or paused for the caller's speech.
         The in-band tone itself never counts as speech (:meth:`is_caller`)."""
         if not self.settings.dtmf_interrupts:
             return []
-        if bot is BotState.INTERRUPTIBLE or paused:
+        if bot.interruptible and (bot.playing or bot.paused):
+            out: list[Effect] = []
             if self.state is PolicyState.PAUSED:
-                self.state = PolicyState.INTERRUPTED
-            return [Decision.DTMF_INTERRUPT]
+                self._commit(out, InterruptReason.DTMF)
+            else:
+                self._holding, self._held_id = False, None
+                out.append(Interrupt(InterruptReason.DTMF))
+            return out
         return []
 
-    def _pause(self, out: list[Decision]) -> None:
-        """Hold the bot (``clear``) with the caller's run so far counted as speech."""
+    def _pause(self, out: list[Effect], view: BotView, *, blocked: bool) -> None:
+        """Hold the bot (``clear``) with the caller's run so far counted as speech. The state is
+        PAUSED either way; the :class:`Pause` goes out only if the head utterance is one to
+        clear (interruptible, playing) and is not being dropped already (``blocked``)."""
         self.state = PolicyState.PAUSED
         self._speech_ms = self._run * WINDOW_MS
+        carry = self.settings.carry_ms
+        if (carry is not None and self._resumed_window is not None
+                and (self._window - self._resumed_window) * WINDOW_MS <= carry):
+            self._speech_ms += self._resumed_speech_ms
         self._paused_ms = 0.0
-        out.append(Decision.PAUSE)
+        if view.interruptible and view.playing and not blocked:
+            self._holding, self._held_id = True, view.utterance_id
+            out.append(Pause(view.utterance_id, self.caller_onset_ms))
+
+    def _commit(self, out: list[Effect], reason: InterruptReason) -> None:
+        self.state = PolicyState.INTERRUPTED
+        self._holding, self._held_id = False, None
+        out.append(Interrupt(reason))
+
+    def _stopped(self, out: list[Effect]) -> None:
+        s = self.settings
+        if self._backchannel:
+            dropped: DropReason | None = DropReason.BACKCHANNEL
+        elif self._over_uninterruptible and (
+                s.speech_over_uninterruptible is OverUninterruptible.DROP):
+            dropped = DropReason.OVER_UNINTERRUPTIBLE
+        else:
+            dropped = None
+        out.append(SpeechStopped(over_uninterruptible=self._over_uninterruptible,
+                                 dropped=dropped))
+        self._reset_idle()
 
     def _reset_idle(self) -> None:
         """The caller's turn ended: learn their level from it if it was a real turn."""
@@ -336,3 +563,5 @@ class BargeInPolicy:
         self._quiet = 0
         self._speech_ms = 0.0
         self._paused_ms = 0.0
+        self._holding, self._held_id = False, None
+        self._over_uninterruptible = False

@@ -139,3 +139,19 @@ def test_rules_on_hand_made_timelines() -> None:
     assert not scoring.score(*TIMELINES[5])["false_stop"]
     assert scoring.score(*TIMELINES[7])["not_applicable"]
     assert scoring.pct([1.0, 2.0, 3.0, 4.0], 0.95) == 4.0
+
+
+def test_pause_gaps_run_from_the_clear_to_the_resumed_audio() -> None:
+    """A pause that resumed leaves a gap; one that ended in an interrupt leaves none; a clear
+    for another reason (an interrupt's own) opens no gap."""
+    events = [
+        {"t_ms": 1000.0, "type": "clear_sent", "reason": "barge_in", "utterance_id": "u1"},
+        {"t_ms": 1000.0, "type": "bot_utterance_paused", "utterance_id": "u1"},
+        {"t_ms": 1420.0, "type": "bot_utterance_resumed", "utterance_id": "u1"},
+        {"t_ms": 2000.0, "type": "clear_sent", "reason": "barge_in", "utterance_id": "u1"},
+        {"t_ms": 2640.0, "type": "bot_utterance_interrupted", "utterance_id": "u1"},
+        {"t_ms": 2640.0, "type": "barge_in", "utterance_id": "u1"},
+        {"t_ms": 3000.0, "type": "clear_sent", "reason": "dtmf", "utterance_id": "u2"},
+        {"t_ms": 3500.0, "type": "bot_utterance_resumed", "utterance_id": "u2"},
+    ]
+    assert scoring.pause_gaps(events) == [(1000.0, 420.0)]

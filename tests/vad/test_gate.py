@@ -11,7 +11,8 @@ import pytest
 
 from audio import read_wav_ulaw, ulaw_to_float32
 from vad import EchoGate, EchoGateBank, EchoGateSettings, GateReading, VadEngine
-from vad._features import BAND_CANDIDATE_DB, features_batch, window_features
+from vad._features import features_batch, window_features
+from vad._policy import BAND_CANDIDATE_DB
 from vad._silero import load_runtime
 
 from . import RECORDINGS, caller_recordings, recording

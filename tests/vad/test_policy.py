@@ -7,7 +7,27 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vad import BargeInPolicy, BotState, Decision, EchoGateBank, GateReading, WindowFeatures
+from vad import (
+    BargeInPolicy,
+    BargeInSettings,
+    BotState,
+    BotView,
+    Decision,
+    DropReason,
+    EchoGateBank,
+    Effect,
+    GateReading,
+    Interrupt,
+    InterruptReason,
+    OverUninterruptible,
+    Pause,
+    PolicyState,
+    Resume,
+    SpeechStarted,
+    SpeechStopped,
+    Suppressed,
+    WindowFeatures,
+)
 
 QUIET_LINE = GateReading(level_db=-30.0, echo_db=-100.0, noise_db=-40.0, echo_locked=False,
                          passes=False)
@@ -16,6 +36,10 @@ QUIET_LINE = GateReading(level_db=-30.0, echo_db=-100.0, noise_db=-40.0, echo_lo
 MASKED_VOICE = GateReading(level_db=-30.0, echo_db=-36.0, noise_db=-35.0, echo_locked=False,
                            passes=False, echo_free=True, band_snr_db=15.0)
 VOICED = WindowFeatures(voicing=0.75, dtmf=0.05)
+
+
+def kinds(effects: list[Effect]) -> list[Decision]:
+    return [e.kind for e in effects]
 
 
 def test_band_path_hears_a_voice_the_gate_cannot() -> None:
@@ -38,7 +62,7 @@ def test_band_path_guards(gate: GateReading, feat: WindowFeatures) -> None:
 def test_band_path_pauses_the_bot_after_two_windows() -> None:
     policy = BargeInPolicy()
     assert policy.step(0.05, MASKED_VOICE, VOICED, BotState.INTERRUPTIBLE) == []
-    assert policy.step(0.05, MASKED_VOICE, VOICED, BotState.INTERRUPTIBLE) == [
+    assert kinds(policy.step(0.05, MASKED_VOICE, VOICED, BotState.INTERRUPTIBLE)) == [
         Decision.SPEECH_STARTED, Decision.PAUSE]
 
 
@@ -90,7 +114,6 @@ def test_echo_veto_stands_aside_where_the_gate_knows(gate: GateReading) -> None:
 
 
 def test_echo_veto_on_locked_lines_is_a_setting() -> None:
-    from vad import BargeInSettings
     policy = BargeInPolicy(BargeInSettings(clean_veto_locked=False))
     assert policy.is_caller(0.98, RAW_CALLER, VOICED, clean_prob=0.02)
     assert not policy.is_caller(0.98, replace(RAW_CALLER, echo_locked=False), VOICED,
@@ -107,9 +130,10 @@ def test_a_key_tone_never_opens_a_caller_turn() -> None:
     for _ in range(20):
         assert policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE) == []
     assert policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE) == []
-    assert policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE) == [
+    assert kinds(policy.step(1.0, loud, VOICED, BotState.INTERRUPTIBLE)) == [
         Decision.SPEECH_STARTED, Decision.PAUSE]
-    out = [d for _ in range(5) for d in policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE)]
+    out = kinds([d for _ in range(5)
+                 for d in policy.step(1.0, loud, tone, BotState.INTERRUPTIBLE)])
     assert Decision.RESUME in out and Decision.SPEECH_STOPPED in out  # tones end the turn
 
 
@@ -119,69 +143,127 @@ CALLER = GateReading(level_db=-20.0, echo_db=-100.0, noise_db=-35.0, echo_locked
 SILENCE = GateReading(level_db=-60.0, echo_db=-100.0, noise_db=-60.0, echo_locked=False,
                       passes=False)
 NOTHING = WindowFeatures(voicing=0.1, dtmf=0.0)
+# The controller's views: an interruptible greeting playing, the same held by our pause, a
+# disclosure that must be heard in full, and nothing on the line.
+PLAYING = BotView(BotState.INTERRUPTIBLE, utterance_id="u1", interruptible=True, playing=True)
+HELD = BotView(BotState.SILENT, utterance_id="u1", interruptible=True, paused=True)
+DISCLOSURE = BotView(BotState.NON_INTERRUPTIBLE, utterance_id="d1", playing=True)
+NONE = BotView(BotState.SILENT)
 
 
-def _talk(policy: BargeInPolicy, windows: int, bot: BotState) -> list[Decision]:
+def _talk(policy: BargeInPolicy, windows: int, bot: BotView | BotState) -> list[Effect]:
     return [d for _ in range(windows) for d in policy.step(0.95, CALLER, VOICED, bot)]
 
 
-def _quiet(policy: BargeInPolicy, windows: int, bot: BotState) -> list[Decision]:
+def _quiet(policy: BargeInPolicy, windows: int, bot: BotView | BotState) -> list[Effect]:
     return [d for _ in range(windows) for d in policy.step(0.01, SILENCE, NOTHING, bot)]
 
 
 def test_steps_pause_then_commit() -> None:
-    from vad import PolicyState
     policy = BargeInPolicy()
-    assert _talk(policy, 2, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert _talk(policy, 1, PLAYING) == []
+    assert _talk(policy, 1, PLAYING) == [
+        SpeechStarted(over_uninterruptible=False, drop_reply=False), Pause("u1", 0.0)]
     assert policy.state is PolicyState.PAUSED
+    assert not policy.gate_may_adapt and policy.in_speech
     # 640 ms of speech in all (20 windows) commits; the two that paused count.
-    assert _talk(policy, 17, BotState.SILENT) == []
-    assert _talk(policy, 1, BotState.SILENT) == [Decision.COMMIT]
+    assert _talk(policy, 17, HELD) == []
+    assert _talk(policy, 1, HELD) == [Interrupt(InterruptReason.SPEECH)]
     assert policy.state is PolicyState.INTERRUPTED
-    assert _quiet(policy, 5, BotState.SILENT) == [Decision.SPEECH_STOPPED]
-    assert policy.state is PolicyState.IDLE
+    assert _quiet(policy, 4, NONE) == []
+    assert _quiet(policy, 1, NONE) == [SpeechStopped(over_uninterruptible=False, dropped=None)]
+    assert policy.state is PolicyState.IDLE and policy.gate_may_adapt
 
 
 def test_steps_pause_then_resume_on_a_backchannel() -> None:
-    from vad import PolicyState
     policy = BargeInPolicy()
-    assert _talk(policy, 6, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
-    assert _quiet(policy, 4, BotState.SILENT) == []
-    assert _quiet(policy, 1, BotState.SILENT) == [Decision.RESUME, Decision.SPEECH_STOPPED]
+    _quiet(policy, 3, PLAYING)  # the onset is measured from the first caller window
+    assert kinds(_talk(policy, 6, PLAYING)) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert policy.caller_onset_ms == 3 * 32.0
+    assert _quiet(policy, 4, HELD) == []
+    # It resumes the utterance it paused, and the words were a backchannel, no turn.
+    assert _quiet(policy, 1, HELD) == [
+        Resume("u1"), SpeechStopped(over_uninterruptible=False, dropped=DropReason.BACKCHANNEL)]
     assert policy.state is PolicyState.IDLE
+    # The next turn is a turn again: the backchannel mark does not stay.
+    _talk(policy, 2, NONE)
+    assert _quiet(policy, 5, NONE) == [SpeechStopped(over_uninterruptible=False, dropped=None)]
+
+
+def test_no_pause_where_there_is_nothing_to_clear_and_no_resume_after() -> None:
+    """The bot was audible by the line's clock, but the head utterance is not playing (its
+    audio all sent, the controller's view says so): the policy pauses nothing, and the short
+    speech that follows resumes nothing and is a turn of its own."""
+    policy = BargeInPolicy()
+    sent = BotView(BotState.INTERRUPTIBLE, utterance_id="u1", interruptible=True)
+    assert kinds(_talk(policy, 2, sent)) == [Decision.SPEECH_STARTED]
+    assert policy.state is PolicyState.PAUSED
+    assert _quiet(policy, 5, NONE) == [SpeechStopped(over_uninterruptible=False, dropped=None)]
+
+
+def test_speech_before_the_reply_is_heard_drops_the_reply_and_pauses_nothing() -> None:
+    policy = BargeInPolicy()
+    reply = replace(PLAYING, reply_unheard=True)
+    assert _talk(policy, 2, reply) == [SpeechStarted(over_uninterruptible=False,
+                                                     drop_reply=True)]
+    # A reply that must be heard in full is not dropped.
+    held = BargeInPolicy()
+    must = replace(DISCLOSURE, reply_unheard=True)
+    assert _talk(held, 2, must)[0] == SpeechStarted(over_uninterruptible=True, drop_reply=False)
 
 
 def test_steps_speech_over_a_non_interruptible_utterance_is_suppressed_once() -> None:
-    from vad import PolicyState
     policy = BargeInPolicy()
-    assert _talk(policy, 2, BotState.NON_INTERRUPTIBLE) == [Decision.SPEECH_STARTED,
-                                                            Decision.SUPPRESSED]
+    assert _talk(policy, 2, DISCLOSURE) == [
+        SpeechStarted(over_uninterruptible=True, drop_reply=False),
+        Suppressed("d1", OverUninterruptible.KEEP)]
     assert policy.state is PolicyState.SPEAKING
-    assert _talk(policy, 30, BotState.NON_INTERRUPTIBLE) == []  # never paused, told once
-    assert _quiet(policy, 5, BotState.NON_INTERRUPTIBLE) == [Decision.SPEECH_STOPPED]
+    assert _talk(policy, 30, DISCLOSURE) == []  # never paused, told once
+    assert _quiet(policy, 5, DISCLOSURE) == [SpeechStopped(over_uninterruptible=True,
+                                                           dropped=None)]
+
+
+def test_speech_over_a_non_interruptible_utterance_dropped_by_setting() -> None:
+    policy = BargeInPolicy(BargeInSettings(
+        speech_over_uninterruptible=OverUninterruptible.DROP))
+    assert _talk(policy, 2, DISCLOSURE)[1] == Suppressed("d1", OverUninterruptible.DROP)
+    assert _quiet(policy, 5, NONE) == [SpeechStopped(
+        over_uninterruptible=True, dropped=DropReason.OVER_UNINTERRUPTIBLE)]
+    # Speech after the disclosure is a turn, kept.
+    _talk(policy, 2, NONE)
+    assert _quiet(policy, 5, NONE) == [SpeechStopped(over_uninterruptible=False, dropped=None)]
+
+
+def test_without_resume_on_backchannel_every_pause_commits() -> None:
+    policy = BargeInPolicy(BargeInSettings(resume_on_backchannel=False))
+    assert kinds(_talk(policy, 2, PLAYING)) == [Decision.SPEECH_STARTED, Decision.PAUSE,
+                                                Decision.COMMIT]
+    assert _quiet(policy, 5, NONE) == [SpeechStopped(over_uninterruptible=False, dropped=None)]
 
 
 def test_a_key_stops_an_interruptible_prompt_with_its_own_decision() -> None:
-    from vad import PolicyState
     policy = BargeInPolicy()
-    assert policy.on_dtmf(BotState.INTERRUPTIBLE, paused=False) == [Decision.DTMF_INTERRUPT]
-    assert policy.on_dtmf(BotState.NON_INTERRUPTIBLE, paused=False) == []
-    assert policy.on_dtmf(BotState.SILENT, paused=False) == []
+    assert policy.on_dtmf(PLAYING) == [Interrupt(InterruptReason.DTMF)]
+    assert kinds(policy.on_dtmf(PLAYING)) == [Decision.DTMF_INTERRUPT]
+    assert policy.on_dtmf(DISCLOSURE) == []
+    assert policy.on_dtmf(NONE) == []
+    queued = BotView(BotState.SILENT, utterance_id="u2", interruptible=True)
+    assert policy.on_dtmf(queued) == []  # nothing of it is on the line yet
     # A key while paused for speech ends the pause: the caller has taken the turn.
-    _talk(policy, 2, BotState.INTERRUPTIBLE)
-    assert policy.on_dtmf(BotState.SILENT, paused=True) == [Decision.DTMF_INTERRUPT]
+    _talk(policy, 2, PLAYING)
+    assert policy.on_dtmf(HELD) == [Interrupt(InterruptReason.DTMF)]
     assert policy.state is PolicyState.INTERRUPTED
+    assert _quiet(policy, 5, NONE) == [SpeechStopped(over_uninterruptible=False, dropped=None)]
     off = BargeInPolicy(replace(policy.settings, dtmf_interrupts=False))
-    assert off.on_dtmf(BotState.INTERRUPTIBLE, paused=False) == []
+    assert off.on_dtmf(PLAYING) == []
 
 
 def test_a_voice_15_db_under_the_callers_own_is_not_them() -> None:
     """With caller_margin_db, a real turn teaches the caller's level; a TV 15 dB under it then
     starts nothing, the caller at their own level still does. A backchannel teaches nothing."""
-    from vad import BargeInSettings
     policy = BargeInPolicy(BargeInSettings(caller_margin_db=12.0))
     tv = replace(CALLER, level_db=-35.0)  # 15 dB under the caller's -20 dBFS
-    assert _talk(policy, 3, BotState.SILENT)[:1] == [Decision.SPEECH_STARTED]
+    assert kinds(_talk(policy, 3, BotState.SILENT))[:1] == [Decision.SPEECH_STARTED]
     _quiet(policy, 5, BotState.SILENT)
     assert policy.caller_db is None  # 96 ms: a backchannel, not a turn
     _talk(policy, 25, BotState.SILENT)
@@ -189,10 +271,39 @@ def test_a_voice_15_db_under_the_callers_own_is_not_them() -> None:
     assert policy.caller_db == -20.0
     assert [d for _ in range(10)
             for d in policy.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE)] == []
-    assert _talk(policy, 2, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert kinds(_talk(policy, 2, BotState.INTERRUPTIBLE)) == [Decision.SPEECH_STARTED,
+                                                               Decision.PAUSE]
     off = BargeInPolicy()  # the default: off
     _talk(off, 25, BotState.SILENT)
     _quiet(off, 5, BotState.SILENT)
     assert off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE) == []
-    assert off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE) == [Decision.SPEECH_STARTED,
-                                                                   Decision.PAUSE]
+    assert kinds(off.step(0.95, tv, VOICED, BotState.INTERRUPTIBLE)) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_resume_windows_shortens_the_wait_that_ends_a_pause() -> None:
+    """``resume_windows`` ends a pause in a resume after that many quiet windows; a caller who
+    is not paused still needs ``stop_windows`` to end their turn."""
+    policy = BargeInPolicy(BargeInSettings(resume_windows=2))
+    _talk(policy, 4, PLAYING)
+    assert _quiet(policy, 1, HELD) == []
+    assert kinds(_quiet(policy, 1, HELD)) == [Decision.RESUME, Decision.SPEECH_STOPPED]
+    _talk(policy, 4, NONE)
+    assert _quiet(policy, 4, NONE) == []
+    assert kinds(_quiet(policy, 1, NONE)) == [Decision.SPEECH_STOPPED]
+
+
+def test_carry_ms_counts_a_pause_after_a_quick_resume_as_the_same_barge_in() -> None:
+    """With ``carry_ms``, speech that pauses the bot again soon after a resume adds to the
+    speech the resumed pause had counted, so a caller pausing between words commits."""
+    def run(policy: BargeInPolicy, extra_quiet: int = 0) -> list[Decision]:
+        out = _talk(policy, 10, PLAYING) + _quiet(policy, 5, HELD)  # 320 ms, then resumed
+        out += _quiet(policy, extra_quiet, PLAYING)
+        out += _talk(policy, 10, PLAYING)  # 320 ms more: 640 ms with the first phrase
+        return kinds(out)
+
+    assert Decision.COMMIT not in run(BargeInPolicy())  # each phrase resumed over
+    carried = run(BargeInPolicy(BargeInSettings(carry_ms=500.0)))
+    assert carried.count(Decision.RESUME) == 1 and carried[-1] is Decision.COMMIT
+    # Speech again 14 windows (448 ms) after the resume, past a 300 ms carry: from zero.
+    assert Decision.COMMIT not in run(BargeInPolicy(BargeInSettings(carry_ms=300.0)), 12)
