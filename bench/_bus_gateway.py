@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bus import CallInfo, RedisBus
+from bus import protocol as bp
 
 __all__ = ["main"]
 
@@ -63,26 +64,25 @@ class BusGateway:
 
     async def _read(self, call: _Call) -> None:
         async for msg in self.bus.downlink(call.sid):
-            event = msg.event
-            kind = event.get("type")
+            event = bp.decode_downlink(msg.event)
             self.counts["downlink"] += 1
-            if kind == "utterance_start":
-                call.queue.append(_Utterance(str(event.get("utterance_id"))))
+            if isinstance(event, bp.UtteranceStart):
+                call.queue.append(_Utterance(event.utterance_id))
                 if call.finished_at is not None:
                     self.round_trips.append(time.monotonic() - call.finished_at)
                     call.finished_at = None
                 if call.first_audio_at is None:
                     call.first_audio_at = time.monotonic()
-            elif kind == "audio" and call.queue:
-                n = len(str(event.get("payload", ""))) * 3 // 4  # base64 -> bytes
+            elif isinstance(event, bp.Audio) and call.queue:
+                n = len(event.payload)
                 call.queue[-1].bytes += n
                 self.counts["audio_bytes"] += n
-            elif kind == "utterance_end" and call.queue:
+            elif isinstance(event, bp.UtteranceEnd) and call.queue:
                 call.queue[-1].ended = True
 
-    async def _publish(self, sid: str, event: dict[str, Any]) -> None:
+    async def _publish(self, sid: str, event: bp.UplinkEvent) -> None:
         self.counts["uplink"] += 1
-        await self.bus.publish(sid, event)
+        await self.bus.publish(sid, bp.encode(event))
 
     async def _play(self, call: _Call, now: float, t0: float) -> None:
         """Advance the call's playout to ``now``: progress and end of the utterance playing."""
@@ -99,15 +99,13 @@ class BusGateway:
             if u.ended and heard >= u.bytes / 8:
                 call.queue.pop(0)
                 call.finished_at = now
-                await self._publish(call.sid, {"type": "playback", "t_ms": t_ms,
-                                               "state": "finished", "utterance_id": u.uid,
-                                               "heard_ms": heard})
+                await self._publish(call.sid, bp.Playback(
+                    state="finished", utterance_id=u.uid, heard_ms=heard, t_ms=t_ms))
                 continue
             if heard - u.reported_ms >= PROGRESS_MS:
                 u.reported_ms = heard
-                await self._publish(call.sid, {"type": "playback", "t_ms": t_ms,
-                                               "state": "playing", "utterance_id": u.uid,
-                                               "heard_ms": heard})
+                await self._publish(call.sid, bp.Playback(
+                    state="playing", utterance_id=u.uid, heard_ms=heard, t_ms=t_ms))
             return
 
     async def _call(self, spec: dict[str, Any], start_at: float, stop: asyncio.Event) -> None:
@@ -118,8 +116,7 @@ class BusGateway:
         await self.bus.open_call(CallInfo(call_sid=sid, stream_sid=spec["stream_sid"],
                                           agent="default", params={"bench": "fleet"}))
         t0 = call.opened_at = time.monotonic()
-        await self._publish(sid, {"type": "call_started", "t_ms": 0.0, "agent": "default",
-                                  "from_number": "", "to_number": ""})
+        await self._publish(sid, bp.CallStarted(agent="default", t_ms=0.0))
         self.calls[sid] = call
         self.counts["calls"] += 1
         reader = loop.create_task(self._read(call))
@@ -127,8 +124,8 @@ class BusGateway:
             while not stop.is_set():
                 await self._play(call, time.monotonic(), t0)
                 await asyncio.sleep(TICK_S)  # the media clock's pace, not a synchronisation
-            await self._publish(sid, {"type": "call_ended", "t_ms": (time.monotonic() - t0) * 1000,
-                                      "reason": "caller_hangup"})
+            await self._publish(sid, bp.CallEnded(reason="caller_hangup",
+                                                  t_ms=(time.monotonic() - t0) * 1000))
             await self.bus.close_call(sid)
         except Exception as exc:  # noqa: BLE001 (one call failing must not stop the bench)
             self.counts["errors"] += 1
