@@ -100,6 +100,7 @@ from ._events import (
     SDKAgentSpeakEvent,
     SDKAgentTranscriptUpdateEvent,
     SDKAgentTransferConversationEvent,
+    SDKEvent,
     SDKSystemControlInterruptEvent,
     SDKSystemInitEvent,
     SDKSystemLLMRequestEvent,
@@ -113,6 +114,7 @@ from ._node import Node
 from ._output_agent import OutputAgentNode
 from ._session import AgentSession, SessionState
 from ._tts import MULAW_BYTES_PER_MS, Synthesizer, ToneSynthesizer
+from ._reactions import Reaction, tag
 from ._turns import drop_last_user_turn
 
 __all__ = ["AgentFactory", "SessionWorker", "SetupFn", "load_agent"]
@@ -131,6 +133,13 @@ _STALL_GRACE_S = 2.0
 
 # Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
 _KEPT_EIDS = 1000
+
+
+def _eid_of(event: SDKEvent, kind: str) -> dict[str, str]:
+    """A deterministic ``eid`` for a downlink event an uplink event caused (see
+    ``_start_utterance``); none (the bus stamps one) otherwise."""
+    reaction = event._reaction
+    return {"eid": reaction.next_id(kind)} if isinstance(reaction, Reaction) else {}
 
 
 def load_agent(spec: str) -> SetupFn:
@@ -168,6 +177,7 @@ class _Utterance:
     interrupted: bool = False
     ended: bool = False
     heard_ms: float = 0.0  # what the caller has heard of it (the gateway's ``playback``)
+    sent: int = 0  # downlink events sent for it (each one's eid: ``<utterance_id>.<n>``)
 
 
 @dataclass(slots=True)
@@ -449,10 +459,16 @@ class SessionWorker:
                 await self._bus.ack(state.sid, message.id)
                 continue
             kind = event.get("type")
-            applied = await self._on_uplink(state, event)
+            # What the agent does about the event (a key press's spoken answer, a greeting) is
+            # written to the downlink later, by the output pump: the event is acked only once
+            # all of it is, or a worker killed in between loses the answer (nodes._reactions).
+            reaction = Reaction(eid)
+            reaction.hold()
+            applied = await self._on_uplink(state, event, reaction)
+            reaction.release()
             state.handled[eid] = None
             state.order.append(message.id)
-            if applied is None:
+            if applied is None and reaction.done:
                 state.last_eid = eid
                 if kind == "interrupt":
                     await self._save(state)  # the cut, before the ack
@@ -460,7 +476,9 @@ class SessionWorker:
             else:
                 state.unapplied[eid] = message.id
                 task = asyncio.get_running_loop().create_task(
-                    self._ack_when_applied(state, eid, message.id, applied)
+                    self._ack_when_applied(
+                        state, eid, message.id, applied, reaction, save=kind == "interrupt"
+                    )
                 )
                 state.ack_tasks.add(task)
                 task.add_done_callback(state.ack_tasks.discard)
@@ -468,26 +486,44 @@ class SessionWorker:
                 return
 
     async def _ack_when_applied(
-        self, state: _Call, eid: str, message_id: str, applied: asyncio.Event
+        self,
+        state: _Call,
+        eid: str,
+        message_id: str,
+        applied: asyncio.Event | None,
+        reaction: Reaction,
+        *,
+        save: bool,
     ) -> None:
-        await applied.wait()
+        if applied is not None:
+            await applied.wait()  # a transcript: once in a node's context (not its answer)
+        else:
+            await reaction.wait()  # everything else: once its effects are on the downlink
         del state.unapplied[eid]
         state.last_eid = eid
-        await self._save(state)
+        if applied is not None or save:
+            await self._save(state)
         await self._bus.ack(state.sid, message_id)
 
-    async def _on_uplink(self, state: _Call, event: Event) -> asyncio.Event | None:
-        """Turn one uplink event into SDK events; returns what to wait for before acking."""
+    async def _on_uplink(
+        self, state: _Call, event: Event, reaction: Reaction
+    ) -> asyncio.Event | None:
+        """Turn one uplink event into SDK events, tagged with ``reaction`` (a transcript's
+        are not: it is acked once applied); returns what else to wait for before acking."""
         session = state.session
         if session.state is not SessionState.RUNNING:
             return None  # the agent never started: nothing to feed
+
+        async def push(sdk_event: SDKEvent) -> None:
+            await session.push_event(tag(sdk_event, reaction))
+
         kind = event.get("type")
         if kind == "call_started":
-            await session.push_event(SDKSystemUserJoinedEvent())
+            await push(SDKSystemUserJoinedEvent())
         elif kind == "speech_started":
-            await session.push_event(SDKSystemUserStartedSpeakingEvent())
+            await push(SDKSystemUserStartedSpeakingEvent())
         elif kind == "speech_stopped":
-            await session.push_event(SDKSystemUserStoppedSpeakingEvent())
+            await push(SDKSystemUserStoppedSpeakingEvent())
         elif kind == "transcript":
             text = event.get("text")
             if not isinstance(text, str) or not text.strip() or not event.get("final", True):
@@ -501,11 +537,11 @@ class SessionWorker:
             await session.push_event(SDKSystemLLMRequestEvent())
             return applied
         elif kind == "interrupt":
-            await self._on_interrupt(state, event)
+            await self._on_interrupt(state, event, reaction)
         elif kind == "dtmf":
             digit = event.get("digit")
             if isinstance(digit, str) and digit:
-                await session.push_event(SDKSystemUserDTMFEvent(digit=digit))
+                await push(SDKSystemUserDTMFEvent(digit=digit))
             else:
                 logger.warning("call %s: dtmf without a digit: %r", state.sid, event)
         elif kind == "playback":
@@ -563,7 +599,7 @@ class SessionWorker:
                     state.sid, stall_s,
                 )
 
-    async def _on_interrupt(self, state: _Call, event: Event) -> None:
+    async def _on_interrupt(self, state: _Call, event: Event, reaction: Reaction) -> None:
         utterance = state.utterances.get(str(event.get("utterance_id")))
         if utterance is not None and not utterance.interruptible:
             logger.warning(
@@ -585,7 +621,7 @@ class SessionWorker:
                 if later.seq > utterance.seq and later.interruptible and not later.interrupted:
                     self._cut(later, "")
         # Returns once every interruptible node has cancelled its generation.
-        await state.session.push_event(SDKSystemControlInterruptEvent())
+        await state.session.push_event(tag(SDKSystemControlInterruptEvent(), reaction))
 
     @staticmethod
     def _heard_text(utterance: _Utterance, event: Event) -> str:
@@ -614,10 +650,11 @@ class SessionWorker:
             elif isinstance(event, SDKAgentSpeakEvent):
                 await self._on_speak(state, event)
             elif isinstance(event, SDKAgentEndCallEvent):
-                await self._send(state, {"type": "hangup"})
+                await self._send(state, {"type": "hangup", **_eid_of(event, "hangup")})
                 await self._control(state, "end")
             elif isinstance(event, SDKAgentTransferConversationEvent):
-                await self._send(state, {"type": "transfer", "to": event.transfer_call_number})
+                await self._send(state, {"type": "transfer", "to": event.transfer_call_number,
+                                         **_eid_of(event, "transfer")})
                 await self._control(state, "transfer", event.transfer_call_number)
             elif isinstance(event, SDKAgentErrorEvent):
                 node = event.origin.name if event.origin else "?"
@@ -626,11 +663,21 @@ class SessionWorker:
                 )
 
     async def _start_utterance(
-        self, state: _Call, origin: Node | None, request_id: str | None, text: str | None = None
+        self,
+        state: _Call,
+        cause: SDKEvent,
+        request_id: str | None,
+        text: str | None = None,
     ) -> _Utterance:
+        origin = cause.origin
         state.seq += 1
+        # An utterance caused by an uplink event is named after it, and its downlink events
+        # after the utterance: a worker that took the call over and answers the same unacked
+        # event again re-sends the same eids, and the gateway drops what it already had.
+        reaction = cause._reaction
         utterance = _Utterance(
-            utterance_id=f"utt-{uuid.uuid4().hex[:12]}",
+            utterance_id=(reaction.next_id("utt") if isinstance(reaction, Reaction)
+                          else f"utt-{uuid.uuid4().hex[:12]}"),
             seq=state.seq,
             node=origin,
             request_id=request_id,
@@ -647,7 +694,7 @@ class SessionWorker:
         }
         if text is not None:
             start["text"] = text
-        await self._send(state, start)
+        await self._send_utterance(state, utterance, start)
         return utterance
 
     async def _speak_chunk(self, state: _Call, utterance: _Utterance, text: str) -> None:
@@ -665,8 +712,9 @@ class SessionWorker:
                 return
             piece_ms = len(piece) / MULAW_BYTES_PER_MS
             audio_ms += piece_ms
-            await self._send(
+            await self._send_utterance(
                 state,
+                utterance,
                 {
                     "type": "audio",
                     "utterance_id": utterance.utterance_id,
@@ -683,8 +731,9 @@ class SessionWorker:
         if utterance.ended:
             return
         utterance.ended = True
-        await self._send(
+        await self._send_utterance(
             state,
+            utterance,
             {
                 "type": "utterance_end",
                 "utterance_id": utterance.utterance_id,
@@ -719,7 +768,7 @@ class SessionWorker:
         if utterance is None:
             if self._drop_stale(event):
                 return
-            utterance = await self._start_utterance(state, event.origin, event.request_id)
+            utterance = await self._start_utterance(state, event, event.request_id)
         await self._speak_chunk(state, utterance, event.text)
 
     async def _on_response_end(self, state: _Call, event: SDKAgentLLMResponseEndEvent) -> None:
@@ -733,7 +782,7 @@ class SessionWorker:
     async def _on_speak(self, state: _Call, event: SDKAgentSpeakEvent) -> None:
         if self._drop_stale(event):
             return
-        utterance = await self._start_utterance(state, event.origin, event.request_id, event.text)
+        utterance = await self._start_utterance(state, event, event.request_id, event.text)
         await self._speak_chunk(state, utterance, event.text)
         await self._end_utterance(state, utterance)
         await self._save(state)
@@ -741,6 +790,10 @@ class SessionWorker:
     # -- effects ----------------------------------------------------------------------------
     async def _send(self, state: _Call, event: Event) -> None:
         await self._bus.send(state.sid, event)
+
+    async def _send_utterance(self, state: _Call, utterance: _Utterance, event: Event) -> None:
+        utterance.sent += 1
+        await self._send(state, {**event, "eid": f"{utterance.utterance_id}.{utterance.sent}"})
 
     async def _control(self, state: _Call, action: str, to: str = "") -> None:
         if not await self._bus.holds(state.sid):

@@ -1,0 +1,180 @@
+"""A worker killed between handling a key press and writing its answer (issue 13), from outside:
+a real redis-server, two real `callgate worker` processes, SIGKILL, and a text to speech server
+(the OpenAI protocol on loopback) that holds its answers until the test lets them go.
+
+The key press's answer is an utterance: ``utterance_start`` goes out at once, its audio only once
+text to speech has answered. The owner is killed while it waits for that audio. The key press
+must still be unacked then (it was acked as soon as the node had handled it, and the answer was
+lost: the next owner saw it done), so the next owner answers it; its re-sent ``utterance_start``
+carries the same ``eid`` as the dead owner's, and the gateway's downlink drops the copy: the
+caller gets the answer exactly once, whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+
+from bus import CallInfo, Event, RedisBus
+from tests.redis_server import RedisServer
+
+from .conftest import Processes, eventually
+
+SID = "CA00000000000000000000000000000113"
+
+
+class HeldSpeech:
+    """``POST /v1/audio/speech``: records each request's text, answers (100 ms of 24 kHz PCM)
+    only once ``released`` is set."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.released = asyncio.Event()
+        self.base_url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> HeldSpeech:
+        app = web.Application()
+        app.router.add_post("/v1/audio/speech", self._speech)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.released.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.asked.append(str(body.get("input", "")))
+        await self.released.wait()
+        pcm = (np.sin(np.arange(2400) / 24000 * 2 * np.pi * 300) * 8000).astype("<i2").tobytes()
+        resp = web.Response(body=pcm, headers={"Content-Type": "audio/pcm"})
+        resp.force_close()
+        return resp
+
+
+def _config(base_url: str) -> str:
+    return textwrap.dedent(
+        f"""
+        default_agent: dtmf
+        agents:
+          dtmf:
+            tts: {{provider: openai, model: tts-1, voice: alloy, base_url: "{base_url}",
+                   api_key: "${{CG_TEST_TTS_KEY}}"}}
+            nodes:
+              - {{kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}}
+        """
+    )
+
+
+async def _raw_starts(raw: Redis) -> list[str]:
+    """The ``utterance_start`` texts on the call's downlink stream, every copy."""
+    out = []
+    for _, fields in await raw.xrange(f"cg:{{{SID}}}:down"):
+        event = json.loads(fields[b"e"]) if b"e" in fields else {}
+        if event.get("type") == "utterance_start":
+            out.append(event.get("text", ""))
+    return out
+
+
+@pytest.mark.redis
+async def test_a_key_press_whose_answer_was_half_written_is_answered_once(
+    redis_server: RedisServer, processes: Processes, tmp_path: Path
+) -> None:
+    raw = Redis.from_url(redis_server.url)
+    heard: list[Event] = []  # the downlink as the gateway plays it (copies dropped by eid)
+
+    async def follow(gw: RedisBus) -> None:
+        stream: AsyncIterator = gw.downlink(SID)
+        async for message in stream:
+            heard.append(message.event)
+
+    def whole_answers() -> list[str]:
+        """Utterances heard from start to end, with audio in between, by text."""
+        texts: dict[str, str] = {}
+        audio: dict[str, int] = {}
+        done = []
+        for e in heard:
+            uid = e.get("utterance_id", "")
+            if e["type"] == "utterance_start":
+                texts[uid] = e.get("text", "")
+            elif e["type"] == "audio":
+                audio[uid] = audio.get(uid, 0) + 1
+            elif e["type"] == "utterance_end" and audio.get(uid):
+                done.append(texts.get(uid, "?"))
+        return done
+
+    async with HeldSpeech() as tts:
+        config = tmp_path / "agents.yaml"
+        config.write_text(_config(tts.base_url))
+        env = {"CG_TEST_TTS_KEY": "test-key"}
+        worker = ("--log-level", "INFO", "worker", "--redis", redis_server.url,
+                  "--config", str(config))
+        gw = RedisBus(redis_server.url, bus_id="gw")
+        try:
+            async with gw:
+                w1 = processes.start("w1", *worker, "--worker-id", "w1", env=env)
+                await eventually(lambda: raw.exists("cg:worker:w1"), 60, "w1 up")
+                await gw.open_call(CallInfo(SID, agent="dtmf"))
+                follower = asyncio.create_task(follow(gw))
+                await gw.publish(SID, {"type": "call_started", "agent": "dtmf", "t_ms": 0})
+                await eventually(lambda: _owner_is(raw, b"w1"), 20, "w1 owning the call")
+                processes.start("w2", *worker, "--worker-id", "w2", env=env)
+                await eventually(lambda: raw.exists("cg:worker:w2"), 60, "w2 up")
+
+                await gw.publish(SID, {"type": "dtmf", "digit": "1", "t_ms": 1000})
+
+                async def half_written() -> bool:
+                    return ("You pressed 1" in tts.asked
+                            and await _raw_starts(raw) == ["You pressed 1"])
+
+                await eventually(half_written, 20, "w1 started the answer, waiting for its audio")
+                os.killpg(w1.pid, signal.SIGKILL)  # inside the window: started, audio pending
+                w1.wait(10)
+                tts.released.set()
+
+                await eventually(lambda: _owner_is(raw, b"w2"), 20, "w2 taking the call over")
+                await eventually(lambda: whole_answers() == ["You pressed 1"], 20,
+                                 "the answer to 1 heard whole")
+                await gw.publish(SID, {"type": "dtmf", "digit": "2", "t_ms": 2000})
+                await eventually(lambda: whole_answers() == ["You pressed 1", "You pressed 2"],
+                                 20, "the answer to 2 heard whole")
+                await eventually(lambda: _all_acked(raw), 20, "every uplink message acked")
+                await gw.publish(SID, {"type": "call_ended", "reason": "stop", "t_ms": 3000})
+                await gw.close_call(SID)
+                await asyncio.wait_for(follower, 20)
+        finally:
+            await raw.aclose()
+
+    # The dead owner's utterance_start and the new owner's copy of it are both on the stream;
+    # the gateway heard one: the same utterance, the same eid.
+    starts = [e for e in heard if e["type"] == "utterance_start"]
+    assert [e["text"] for e in starts] == ["You pressed 1", "You pressed 2"]
+    assert tts.asked.count("You pressed 1") == 2  # asked by the dead owner, then by the new one
+    assert [e["type"] for e in heard if e.get("utterance_id") == starts[0]["utterance_id"]][-1] \
+        == "utterance_end"
+    assert "session stopped here" not in processes.log("w2")
+
+
+async def _owner_is(raw: Redis, worker: bytes) -> bool:
+    return await raw.get(f"cg:{{{SID}}}:owner") == worker
+
+
+async def _all_acked(raw: Redis) -> bool:
+    summary = await raw.xpending(f"cg:{{{SID}}}:up", "workers")
+    return int(summary["pending"]) == 0
