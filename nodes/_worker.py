@@ -23,9 +23,14 @@ A call lost to another worker (this one stalled past its lease and the bus says
 ``OwnershipLostError``) stops here: the session is stopped, logged, and nothing more is sent,
 acked or saved for it; Twilio REST effects are done only while ``bus.holds(call_sid)``.
 
-Each message is acked once handled; an ``eid`` seen before is acked and dropped. A final
-transcript is acked only once an output node has put the user message into its context and the
-conversation has been saved, so a worker dying in between leaves it to be redelivered.
+Each message is acked once what the agent did about it is on the downlink (its ``Reaction``,
+``nodes._reactions``: a key press once its spoken answer is sent); an ``eid`` seen before is
+acked and dropped. An utterance an uplink event caused is named after its eid and its downlink
+events after the utterance, so a worker that takes the call over and answers an unacked event
+again re-sends the same eids, which the gateway's downlink drops. A final transcript is acked
+only once an output node has put the user message into its context and the conversation has
+been saved, so a worker dying in between leaves it to be redelivered (its answer is not waited
+for).
 
 Downlink (worker -> gateway), one utterance per response (or ``speak``) of an output node:
 
