@@ -84,6 +84,7 @@ class Node:
     # -- events -----------------------------------------------------------------------------
     async def queue_event(self, event: SDKEvent) -> None:
         """Queue ``event`` for this node's loop."""
+        _reactions.stamp(event)  # queued while a tagged event is processed: part of its work
         _reactions.hold(event)  # released once processed or dropped (nodes._reactions)
         await self._queue.put(event)
 

@@ -28,9 +28,10 @@ Each message is acked once what the agent did about it is on the downlink (its `
 acked and dropped. An utterance an uplink event caused is named after its eid and its downlink
 events after the utterance, so a worker that takes the call over and answers an unacked event
 again re-sends the same eids, which the gateway's downlink drops. A final transcript is acked
-only once an output node has put the user message into its context and the conversation has
-been saved, so a worker dying in between leaves it to be redelivered (its answer is not waited
-for).
+only once its answer is out; once an output node has put the user message into its context the
+conversation is saved with the transcript listed as ``answering``, and a worker that takes the
+call over with that transcript unacked takes the turn out of the context (with what it holds of
+the old answer) and handles it again.
 
 Downlink (worker -> gateway), one utterance per response (or ``speak``) of an output node:
 
@@ -69,7 +70,8 @@ gateway reported, so at a barge-in the node's state is that of the chunk the cal
 (or, in the last ``lookahead_ms`` of it, of the next).
 
 Persistence: after every response ends, after every cut and after each applied transcript, the
-worker saves ``{"version": 1, "nodes": {name: messages}, "last_eid", "through", "handled_eids"}``
+worker saves ``{"version": 1, "nodes": {name: messages}, "last_eid", "through", "handled_eids",
+"answering"}``
 with ``bus.save_context(call_sid, snapshot, through=...)``, ``through`` being the last uplink
 message id up to which every message is reflected in the snapshot (a transcript not yet applied
 holds it back); a worker that claims a call with a saved conversation restores each output
@@ -192,9 +194,14 @@ class _Call:
     utterances: dict[str, _Utterance] = field(default_factory=dict)
     by_request: dict[str, _Utterance] = field(default_factory=dict)
     handled: dict[str, None] = field(default_factory=dict)  # eids, in handling order
-    # eid -> bus message id of transcripts handled but maybe not yet in a node's context;
-    # they stay unacked and outside the snapshot until applied
+    # eid -> bus message id of events handled whose effects may not all be out yet (a
+    # transcript not yet in a node's context or not yet answered, a key press not yet
+    # answered); they stay unacked and outside the snapshot's handled eids until then
     unapplied: dict[str, str] = field(default_factory=dict)
+    # transcripts in a node's context whose answer is not yet all on the downlink (saved, so
+    # that the next owner answers one again without adding the user message twice)
+    answering: dict[str, None] = field(default_factory=dict)
+    restored_answering: set[str] = field(default_factory=set)  # the last owner's
     # bus message ids in delivery order since ``covered``, the last id whose message and all
     # before it are reflected in the conversation (what ``save_context(through=)`` takes)
     order: deque[str] = field(default_factory=deque)
@@ -419,6 +426,7 @@ class SessionWorker:
             if isinstance(messages, list):
                 node.context.replace_messages(messages)
         state.handled = dict.fromkeys(str(e) for e in saved.get("handled_eids") or ())
+        state.restored_answering = {str(e) for e in saved.get("answering") or ()}
         last = saved.get("last_eid")
         state.last_eid = str(last) if last is not None else None
         logger.info("call %s resumed with %d handled events", state.sid, len(state.handled))
@@ -450,6 +458,7 @@ class SessionWorker:
             # The call is over: everything handled counts, nothing needs redelivery.
             pending = list(state.unapplied.values())
             state.unapplied.clear()
+            state.answering.clear()
             await self._save(state)
             for msg_id in pending:
                 await self._bus.ack(state.sid, msg_id)
@@ -501,20 +510,30 @@ class SessionWorker:
         save: bool,
     ) -> None:
         if applied is not None:
-            await applied.wait()  # a transcript: once in a node's context (not its answer)
-        else:
-            await reaction.wait()  # everything else: once its effects are on the downlink
-        del state.unapplied[eid]
-        state.last_eid = eid
-        if applied is not None or save:
+            await applied.wait()  # a transcript: in a node's context, its answer owed
+            state.answering[eid] = None
+            await self._save(state)
+        await reaction.wait()  # everything: once its effects are on the downlink
+        if self._answered(state, eid) and (applied is not None or save):
             await self._save(state)
         await self._bus.ack(state.sid, message_id)
+
+    @staticmethod
+    def _answered(state: _Call, eid: str) -> bool:
+        """The event's effects are out: it counts as handled in the next snapshot. False when
+        that was done already (a transcript's answer ended: ``_on_response_end``)."""
+        if state.unapplied.pop(eid, None) is None:
+            return False
+        state.answering.pop(eid, None)
+        state.last_eid = eid
+        return True
 
     async def _on_uplink(
         self, state: _Call, event: Event, reaction: Reaction
     ) -> asyncio.Event | None:
-        """Turn one uplink event into SDK events, tagged with ``reaction`` (a transcript's
-        are not: it is acked once applied); returns what else to wait for before acking."""
+        """Turn one uplink event into SDK events, tagged with ``reaction`` (``reaction.key``
+        is the event's eid); returns what else to wait for before acking (a transcript: its
+        user message in a node's context)."""
         session = state.session
         if session.state is not SessionState.RUNNING:
             return None  # the agent never started: nothing to feed
@@ -533,13 +552,19 @@ class SessionWorker:
             text = event.get("text")
             if not isinstance(text, str) or not text.strip() or not event.get("final", True):
                 return None
-            if event.get("replaces_previous"):  # the caller resumed: one message per turn
+            if reaction.key in state.restored_answering:
+                # The last owner put it into the context (saved) but died before its answer
+                # was all out: the turn (with what the context has of that answer) goes out
+                # and in again, and is answered again under the same downlink ids.
+                state.restored_answering.discard(reaction.key)
+                drop_last_user_turn(session.output_nodes, text)
+            elif event.get("replaces_previous"):  # the caller resumed: one message per turn
                 drop_last_user_turn(session.output_nodes)
             message = SDKAgentTranscriptUpdateEvent(role="user", content=text)
             applied = asyncio.Event()
             message._applied = applied
-            await session.push_event(message)
-            await session.push_event(SDKSystemLLMRequestEvent())
+            await push(message)
+            await push(SDKSystemLLMRequestEvent())
             return applied
         elif kind == "interrupt":
             await self._on_interrupt(state, event, reaction)
@@ -782,6 +807,9 @@ class SessionWorker:
             await self._end_utterance(state, utterance)
         if event.request_id is not None:
             state.chunks_done.pop(event.request_id, None)
+        reaction = event._reaction
+        if isinstance(reaction, Reaction) and reaction.key in state.answering:
+            self._answered(state, reaction.key)  # the transcript's answer is out: saved so
         await self._save(state)  # end of a turn
 
     async def _on_speak(self, state: _Call, event: SDKAgentSpeakEvent) -> None:
@@ -827,6 +855,7 @@ class SessionWorker:
             "last_eid": state.last_eid,
             "through": state.covered,
             "handled_eids": [e for e in state.handled if e not in state.unapplied][-_KEPT_EIDS:],
+            "answering": list(state.answering),
         }
 
     async def _save(self, state: _Call) -> None:

@@ -105,19 +105,7 @@ async def test_a_key_press_whose_answer_was_half_written_is_answered_once(
             heard.append(message.event)
 
     def whole_answers() -> list[str]:
-        """Utterances heard from start to end, with audio in between, by text."""
-        texts: dict[str, str] = {}
-        audio: dict[str, int] = {}
-        done = []
-        for e in heard:
-            uid = e.get("utterance_id", "")
-            if e["type"] == "utterance_start":
-                texts[uid] = e.get("text", "")
-            elif e["type"] == "audio":
-                audio[uid] = audio.get(uid, 0) + 1
-            elif e["type"] == "utterance_end" and audio.get(uid):
-                done.append(texts.get(uid, "?"))
-        return done
+        return _whole(heard)
 
     async with HeldSpeech() as tts:
         config = tmp_path / "agents.yaml"
@@ -171,6 +159,22 @@ async def test_a_key_press_whose_answer_was_half_written_is_answered_once(
     assert "session stopped here" not in processes.log("w2")
 
 
+def _whole(heard: list[Event]) -> list[str]:
+    """Utterances heard from start to end with audio in between, by their text."""
+    started: set[str] = set()
+    audio: dict[str, int] = {}
+    done = []
+    for e in heard:
+        uid = e.get("utterance_id", "")
+        if e["type"] == "utterance_start":
+            started.add(uid)
+        elif e["type"] == "audio":
+            audio[uid] = audio.get(uid, 0) + 1
+        elif e["type"] == "utterance_end" and uid in started and audio.get(uid):
+            done.append(e.get("text", ""))
+    return done
+
+
 async def _owner_is(raw: Redis, worker: bytes) -> bool:
     return await raw.get(f"cg:{{{SID}}}:owner") == worker
 
@@ -178,3 +182,79 @@ async def _owner_is(raw: Redis, worker: bytes) -> bool:
 async def _all_acked(raw: Redis) -> bool:
     summary = await raw.xpending(f"cg:{{{SID}}}:up", "workers")
     return int(summary["pending"]) == 0
+
+
+@pytest.mark.redis
+async def test_a_turn_whose_answer_was_half_written_is_answered_once(
+    redis_server: RedisServer, processes: Processes, tmp_path: Path
+) -> None:
+    """The same for the caller's turn: its user message was in the context (and saved) when
+    the owner died with the answer half-written; the next owner answers it once, without
+    adding the user message again."""
+    raw = Redis.from_url(redis_server.url)
+    heard: list[Event] = []
+
+    async def follow(gw: RedisBus) -> None:
+        async for message in gw.downlink(SID):
+            heard.append(message.event)
+
+    async with HeldSpeech() as tts:
+        config = tmp_path / "agents.yaml"
+        config.write_text(_config(tts.base_url))
+        env = {"CG_TEST_TTS_KEY": "test-key"}
+        worker = ("--log-level", "INFO", "worker", "--redis", redis_server.url,
+                  "--config", str(config))
+        gw = RedisBus(redis_server.url, bus_id="gw")
+        try:
+            async with gw:
+                w1 = processes.start("w1", *worker, "--worker-id", "w1", env=env)
+                await eventually(lambda: raw.exists("cg:worker:w1"), 60, "w1 up")
+                await gw.open_call(CallInfo(SID, agent="dtmf"))
+                follower = asyncio.create_task(follow(gw))
+                await gw.publish(SID, {"type": "call_started", "agent": "dtmf", "t_ms": 0})
+                await eventually(lambda: _owner_is(raw, b"w1"), 20, "w1 owning the call")
+                processes.start("w2", *worker, "--worker-id", "w2", env=env)
+                await eventually(lambda: raw.exists("cg:worker:w2"), 60, "w2 up")
+
+                await gw.publish(SID, {"type": "transcript", "text": "hello", "final": True,
+                                       "t_ms": 1000})
+
+                async def half_written() -> bool:
+                    saved = await _saved_messages(raw)
+                    return ("Press a key." in tts.asked and await _raw_count(raw) == 1
+                            and saved[:1] == [{"role": "user", "content": "hello"}])
+
+                await eventually(half_written, 20, "w1 saved the turn and started its answer")
+                os.killpg(w1.pid, signal.SIGKILL)
+                w1.wait(10)
+                tts.released.set()
+
+                await eventually(lambda: _owner_is(raw, b"w2"), 20, "w2 taking the call over")
+                await eventually(lambda: _whole(heard) == ["Press a key."], 20,
+                                 "the answer heard whole")
+                await eventually(lambda: _all_acked(raw), 20, "every uplink message acked")
+                await gw.publish(SID, {"type": "call_ended", "reason": "stop", "t_ms": 3000})
+                await gw.close_call(SID)
+                await asyncio.wait_for(follower, 20)
+                saved = await _saved_messages(raw)
+        finally:
+            await raw.aclose()
+
+    assert [e["type"] for e in heard].count("utterance_start") == 1
+    assert tts.asked.count("Press a key.") == 2
+    assert saved == [{"role": "user", "content": "hello"},
+                     {"role": "assistant", "content": "Press a key."}]
+
+
+async def _raw_count(raw: Redis) -> int:
+    """``utterance_start`` entries on the downlink stream, every copy."""
+    n = 0
+    for _, fields in await raw.xrange(f"cg:{{{SID}}}:down"):
+        if b"e" in fields and json.loads(fields[b"e"]).get("type") == "utterance_start":
+            n += 1
+    return n
+
+
+async def _saved_messages(raw: Redis) -> list[dict[str, str]]:
+    ctx = await raw.hget(f"cg:{{{SID}}}:ctx", "ctx")
+    return list(json.loads(ctx)["nodes"]["echo"]) if ctx else []
