@@ -12,11 +12,14 @@ caller gets the answer exactly once, whole."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import textwrap
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -92,68 +95,92 @@ async def _raw_starts(raw: Redis) -> list[str]:
     return out
 
 
-@pytest.mark.redis
-async def test_a_key_press_whose_answer_was_half_written_is_answered_once(
-    redis_server: RedisServer, processes: Processes, tmp_path: Path
-) -> None:
-    raw = Redis.from_url(redis_server.url)
-    heard: list[Event] = []  # the downlink as the gateway plays it (copies dropped by eid)
+@dataclass
+class _Call:
+    """One call of a test: the gateway's bus, the owner w1 (w2 up beside it), what the gateway's
+    downlink played (copies dropped by eid) and the speech server."""
 
-    async def follow(gw: RedisBus) -> None:
-        stream: AsyncIterator = gw.downlink(SID)
-        async for message in stream:
-            heard.append(message.event)
+    gw: RedisBus
+    w1: subprocess.Popen[bytes]
+    tts: HeldSpeech
+    heard: list[Event] = field(default_factory=list)
+    follower: asyncio.Task[None] | None = None
 
-    def whole_answers() -> list[str]:
-        return _whole(heard)
 
+@contextlib.asynccontextmanager
+async def _call_on_w1(redis_server: RedisServer, processes: Processes, tmp_path: Path,
+                      raw: Redis) -> AsyncIterator[_Call]:
+    """A call started and owned by w1, with w2 up to take it over."""
     async with HeldSpeech() as tts:
         config = tmp_path / "agents.yaml"
         config.write_text(_config(tts.base_url))
         env = {"CG_TEST_TTS_KEY": "test-key"}
         worker = ("--log-level", "INFO", "worker", "--redis", redis_server.url,
                   "--config", str(config))
-        gw = RedisBus(redis_server.url, bus_id="gw")
-        try:
-            async with gw:
-                w1 = processes.start("w1", *worker, "--worker-id", "w1", env=env)
-                await eventually(lambda: raw.exists("cg:worker:w1"), 60, "w1 up")
-                await gw.open_call(CallInfo(SID, agent="dtmf"))
-                follower = asyncio.create_task(follow(gw))
-                await gw.publish(SID, {"type": "call_started", "agent": "dtmf", "t_ms": 0})
-                await eventually(lambda: _owner_is(raw, b"w1"), 20, "w1 owning the call")
-                processes.start("w2", *worker, "--worker-id", "w2", env=env)
-                await eventually(lambda: raw.exists("cg:worker:w2"), 60, "w2 up")
+        async with RedisBus(redis_server.url, bus_id="gw") as gw:
+            w1 = processes.start("w1", *worker, "--worker-id", "w1", env=env)
+            await eventually(lambda: raw.exists("cg:worker:w1"), 60, "w1 up")
+            await gw.open_call(CallInfo(SID, agent="dtmf"))
+            call = _Call(gw, w1, tts)
 
-                await gw.publish(SID, {"type": "dtmf", "digit": "1", "t_ms": 1000})
+            async def follow() -> None:
+                async for message in gw.downlink(SID):
+                    call.heard.append(message.event)
 
-                async def half_written() -> bool:
-                    return ("You pressed 1" in tts.asked
-                            and await _raw_starts(raw) == ["You pressed 1"])
+            call.follower = asyncio.create_task(follow())
+            await gw.publish(SID, {"type": "call_started", "agent": "dtmf", "t_ms": 0})
+            await eventually(lambda: _owner_is(raw, b"w1"), 20, "w1 owning the call")
+            processes.start("w2", *worker, "--worker-id", "w2", env=env)
+            await eventually(lambda: raw.exists("cg:worker:w2"), 60, "w2 up")
+            yield call
 
-                await eventually(half_written, 20, "w1 started the answer, waiting for its audio")
-                os.killpg(w1.pid, signal.SIGKILL)  # inside the window: started, audio pending
-                w1.wait(10)
-                tts.released.set()
+async def _kill_w1(call: _Call, raw: Redis) -> None:
+    """SIGKILL w1 (inside the window the test waited for), let the speech server answer, and
+    wait for w2 to own the call."""
+    os.killpg(call.w1.pid, signal.SIGKILL)
+    call.w1.wait(10)
+    call.tts.released.set()
+    await eventually(lambda: _owner_is(raw, b"w2"), 20, "w2 taking the call over")
 
-                await eventually(lambda: _owner_is(raw, b"w2"), 20, "w2 taking the call over")
-                await eventually(lambda: whole_answers() == ["You pressed 1"], 20,
-                                 "the answer to 1 heard whole")
-                await gw.publish(SID, {"type": "dtmf", "digit": "2", "t_ms": 2000})
-                await eventually(lambda: whole_answers() == ["You pressed 1", "You pressed 2"],
-                                 20, "the answer to 2 heard whole")
-                await eventually(lambda: _all_acked(raw), 20, "every uplink message acked")
-                await gw.publish(SID, {"type": "call_ended", "reason": "stop", "t_ms": 3000})
-                await gw.close_call(SID)
-                await asyncio.wait_for(follower, 20)
-        finally:
-            await raw.aclose()
+
+async def _end(call: _Call, raw: Redis, answers: list[str], t_ms: int) -> None:
+    """End the call once the ``answers`` were heard whole and every uplink message acked."""
+    await eventually(lambda: _whole(call.heard) == answers, 20, f"{answers} heard whole")
+    await eventually(lambda: _all_acked(raw), 20, "every uplink message acked")
+    await call.gw.publish(SID, {"type": "call_ended", "reason": "stop", "t_ms": t_ms})
+    await call.gw.close_call(SID)
+    assert call.follower is not None
+    await asyncio.wait_for(call.follower, 20)
+
+
+@pytest.mark.redis
+async def test_a_key_press_whose_answer_was_half_written_is_answered_once(
+    redis_server: RedisServer, processes: Processes, tmp_path: Path
+) -> None:
+    raw = Redis.from_url(redis_server.url)
+    try:
+        async with _call_on_w1(redis_server, processes, tmp_path, raw) as call:
+            await call.gw.publish(SID, {"type": "dtmf", "digit": "1", "t_ms": 1000})
+
+            async def half_written() -> bool:
+                return ("You pressed 1" in call.tts.asked
+                        and await _raw_starts(raw) == ["You pressed 1"])
+
+            await eventually(half_written, 20, "w1 started the answer, waiting for its audio")
+            await _kill_w1(call, raw)  # inside the window: started, audio pending
+            await eventually(lambda: _whole(call.heard) == ["You pressed 1"], 20,
+                             "the answer to 1 heard whole")
+            await call.gw.publish(SID, {"type": "dtmf", "digit": "2", "t_ms": 2000})
+            await _end(call, raw, ["You pressed 1", "You pressed 2"], 3000)
+    finally:
+        await raw.aclose()
 
     # The dead owner's utterance_start and the new owner's copy of it are both on the stream;
     # the gateway heard one: the same utterance, the same eid.
+    heard = call.heard
     starts = [e for e in heard if e["type"] == "utterance_start"]
     assert [e["text"] for e in starts] == ["You pressed 1", "You pressed 2"]
-    assert tts.asked.count("You pressed 1") == 2  # asked by the dead owner, then by the new one
+    assert call.tts.asked.count("You pressed 1") == 2  # by the dead owner, then by the new one
     assert [e["type"] for e in heard if e.get("utterance_id") == starts[0]["utterance_id"]][-1] \
         == "utterance_end"
     assert "session stopped here" not in processes.log("w2")
@@ -192,56 +219,26 @@ async def test_a_turn_whose_answer_was_half_written_is_answered_once(
     the owner died with the answer half-written; the next owner answers it once, without
     adding the user message again."""
     raw = Redis.from_url(redis_server.url)
-    heard: list[Event] = []
+    try:
+        async with _call_on_w1(redis_server, processes, tmp_path, raw) as call:
+            await call.gw.publish(SID, {"type": "transcript", "text": "hello", "final": True,
+                                        "t_ms": 1000})
 
-    async def follow(gw: RedisBus) -> None:
-        async for message in gw.downlink(SID):
-            heard.append(message.event)
-
-    async with HeldSpeech() as tts:
-        config = tmp_path / "agents.yaml"
-        config.write_text(_config(tts.base_url))
-        env = {"CG_TEST_TTS_KEY": "test-key"}
-        worker = ("--log-level", "INFO", "worker", "--redis", redis_server.url,
-                  "--config", str(config))
-        gw = RedisBus(redis_server.url, bus_id="gw")
-        try:
-            async with gw:
-                w1 = processes.start("w1", *worker, "--worker-id", "w1", env=env)
-                await eventually(lambda: raw.exists("cg:worker:w1"), 60, "w1 up")
-                await gw.open_call(CallInfo(SID, agent="dtmf"))
-                follower = asyncio.create_task(follow(gw))
-                await gw.publish(SID, {"type": "call_started", "agent": "dtmf", "t_ms": 0})
-                await eventually(lambda: _owner_is(raw, b"w1"), 20, "w1 owning the call")
-                processes.start("w2", *worker, "--worker-id", "w2", env=env)
-                await eventually(lambda: raw.exists("cg:worker:w2"), 60, "w2 up")
-
-                await gw.publish(SID, {"type": "transcript", "text": "hello", "final": True,
-                                       "t_ms": 1000})
-
-                async def half_written() -> bool:
-                    saved = await _saved_messages(raw)
-                    return ("Press a key." in tts.asked and await _raw_count(raw) == 1
-                            and saved[:1] == [{"role": "user", "content": "hello"}])
-
-                await eventually(half_written, 20, "w1 saved the turn and started its answer")
-                os.killpg(w1.pid, signal.SIGKILL)
-                w1.wait(10)
-                tts.released.set()
-
-                await eventually(lambda: _owner_is(raw, b"w2"), 20, "w2 taking the call over")
-                await eventually(lambda: _whole(heard) == ["Press a key."], 20,
-                                 "the answer heard whole")
-                await eventually(lambda: _all_acked(raw), 20, "every uplink message acked")
-                await gw.publish(SID, {"type": "call_ended", "reason": "stop", "t_ms": 3000})
-                await gw.close_call(SID)
-                await asyncio.wait_for(follower, 20)
+            async def half_written() -> bool:
                 saved = await _saved_messages(raw)
-        finally:
-            await raw.aclose()
+                return ("Press a key." in call.tts.asked and await _raw_count(raw) == 1
+                        and saved[:1] == [{"role": "user", "content": "hello"}])
 
+            await eventually(half_written, 20, "w1 saved the turn and started its answer")
+            await _kill_w1(call, raw)
+            await _end(call, raw, ["Press a key."], 3000)
+            saved = await _saved_messages(raw)
+    finally:
+        await raw.aclose()
+
+    heard = call.heard
     assert [e["type"] for e in heard].count("utterance_start") == 1
-    assert tts.asked.count("Press a key.") == 2
+    assert call.tts.asked.count("Press a key.") == 2
     assert saved == [{"role": "user", "content": "hello"},
                      {"role": "assistant", "content": "Press a key."}]
 
