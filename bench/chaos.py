@@ -287,6 +287,32 @@ class Call:
         dup = sum(max(0, n - sent[d]) for d, n in got.items())
         return lost, dup
 
+    def matched(self) -> list[int | None]:
+        """For each key press, the index of its answer (answers come in order: one node
+        handles a call's key presses one after another), or None."""
+        out: list[int | None] = []
+        j = 0
+        for digit in self.sent:
+            k = j
+            while k < len(self.answers) and self.answers[k].removeprefix(ANSWER) != digit:
+                k += 1
+            if k < len(self.answers):
+                out.append(k)
+                j = k + 1
+            else:
+                out.append(None)
+        return out
+
+    def unanswered_at_hangup(self) -> int:
+        """Key presses missing after the last one answered: the call hung up (after waiting
+        ANSWER_WAIT_S) before they were answered. Those before it were lost mid-call."""
+        n = 0
+        for m in reversed(self.matched()):
+            if m is not None:
+                break
+            n += 1
+        return n
+
 
 class Callers:
     def __init__(self, args: argparse.Namespace, system: System, rng: random.Random) -> None:
@@ -635,12 +661,13 @@ def report(args: argparse.Namespace, callers: Callers, chaos: Chaos, faults: lis
     cut_other = [c for c in cut if c not in cut_ok]
     failed = [c for c in calls if c.outcome == "failed"]
     lost = sum(c.counts()[0] for c in completed)
+    at_hangup = sum(min(c.counts()[0], c.unanswered_at_hangup()) for c in completed)
     dup = sum(c.counts()[1] for c in completed)
     keys = sum(len(c.sent) for c in completed)
     cut_dup = sum(c.counts()[1] for c in cut)
-    # Key press to its answer on the downlink (calls whose answers pair one to one with keys).
-    delays = sorted(a - s for c in completed if c.counts() == (0, 0)
-                    for s, a in zip(c.sent_at, c.answer_at, strict=False))
+    # Key press to its answer on the downlink, every answered key press of a completed call.
+    delays = sorted(c.answer_at[m] - s for c in completed
+                    for s, m in zip(c.sent_at, c.matched(), strict=True) if m is not None)
     bad = [c for c in calls if c in cut_other or c in failed
            or (c.outcome == "completed" and c.counts() != (0, 0))]
     out = {
@@ -649,7 +676,8 @@ def report(args: argparse.Namespace, callers: Callers, chaos: Chaos, faults: lis
         "calls_started": len(calls), "calls_completed": len(completed),
         "calls_cut": len(cut), "calls_cut_on_killed_gateway": len(cut_ok),
         "calls_cut_elsewhere": len(cut_other), "calls_failed_to_connect": len(failed),
-        "key_presses": keys, "events_lost": lost, "events_duplicated": dup,
+        "key_presses": keys, "events_lost": lost, "events_lost_mid_call": lost - at_hangup,
+        "unanswered_at_hangup": at_hangup, "events_duplicated": dup,
         "duplicated_on_cut_calls": cut_dup,
         "worst_takeover_s": round(max(chaos.takeovers), 2) if chaos.takeovers else None,
         "takeovers_s": [round(t, 2) for t in chaos.takeovers],
@@ -677,6 +705,8 @@ def print_table(r: dict[str, Any]) -> None:
         ("calls that failed to connect", r["calls_failed_to_connect"]),
         ("key presses (completed calls)", r["key_presses"]),
         ("uplink events lost", r["events_lost"]),
+        ("  of which mid-call (a later key answered)", r["events_lost_mid_call"]),
+        ("  of which unanswered at hang-up", r["unanswered_at_hangup"]),
         ("uplink events duplicated", r["events_duplicated"]),
         ("worst takeover (s)", r["worst_takeover_s"]),
         ("answer delay p50 / max (s)", f"{_f(r['answer_delay_p50_s'])} / {_f(r['answer_delay_max_s'])}"),

@@ -224,6 +224,16 @@ class Bus(abc.ABC):
         (Twilio's REST API, before ending or transferring a call) that no fence covers."""
         return True
 
+    async def record_once(self, call_sid: str, name: str, ttl_s: float) -> bool:
+        """Record ``name`` under the call for ``ttl_s`` seconds unless it is recorded already;
+        True when this call recorded it. Every bus on the same server sees the record (a
+        gateway's spent stream tokens: one spent behind one gateway is spent behind all).
+
+        Buses without a server return True: nothing is shared beyond the process, whose own
+        record is the caller's. Raises ``BusUnavailableError`` when the server cannot answer.
+        """
+        return True
+
     # -- both sides -----------------------------------------------------------------------
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write made so far through this bus is stored on its server.

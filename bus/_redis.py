@@ -8,6 +8,7 @@ so one call lives in one Redis Cluster slot)::
     cg:{CA..}:ctx      hash: ctx (JSON context), through (last uplink id it covers), info (CallInfo)
     cg:{CA..}:owner    owning worker id, PX lease renewed by its heartbeat; "!closed" once ended
     cg:{CA..}:fence    the call's fencing token: a counter INCRed by every new owner
+    cg:{CA..}:once:<n> ``record_once`` (a spent stream token), SET NX, PX its remaining lifetime
     cg:calls           pool-wide new-calls stream; consumer group "workers"
     cg:worker:<id>     worker liveness, PX worker_ttl, refreshed every heartbeat
     cg:gateway:<inc>   gateway liveness (one per gateway process), PX gateway_ttl
@@ -92,6 +93,7 @@ import enum
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -1497,6 +1499,21 @@ class RedisBus(Bus):
             return None
         loaded: dict[str, Any] = json.loads(raw)
         return loaded
+
+    async def record_once(self, call_sid: str, name: str, ttl_s: float) -> bool:
+        check_name(call_sid, "call_sid")
+        check_name(name, "name")
+        redis = await self._open()
+        key = self._key(call_sid, f"once:{name}")  # the call's slot: one round trip, any node
+        px = max(1, math.ceil(ttl_s * 1000))
+        try:
+            created = await self._read_retry.call_with_retry(
+                lambda: redis.set(key, b"1", nx=True, px=px), self._noop
+            )
+        except _CONNECTION_ERRORS as exc:
+            self._outage.lost(exc)
+            raise BusUnavailableError(f"could not record {name} for {call_sid}: {exc}") from exc
+        return bool(created)
 
     @staticmethod
     async def _noop(_exc: BaseException) -> None:

@@ -37,17 +37,23 @@ import hmac
 import json
 import math
 import re
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from twilio.request_validator import RequestValidator
 
+from bus import BusUnavailableError
+
+from .logs import RateLimitedLog
+
 __all__ = [
     "SIGNATURE_HEADER",
     "CallTokens",
+    "SharedRecord",
     "ExpiredToken",
     "InvalidToken",
     "MalformedToken",
@@ -61,6 +67,14 @@ __all__ = [
 
 SIGNATURE_HEADER: Final = "X-Twilio-Signature"
 """The HTTP header (webhook POST and WebSocket upgrade alike) that carries Twilio's signature."""
+
+SharedRecord = Callable[[str, str, float], Awaitable[bool]]
+"""``record(call_sid, token_id, ttl_s)``: record a spent token where every gateway sees it (the
+Redis bus's ``record_once``); False when it was recorded before. May raise
+``BusUnavailableError``."""
+
+_log = logging.getLogger(__name__)
+_SHARED_DOWN = RateLimitedLog(_log, "streams whose token was spent in this gateway only")
 
 _DEFAULT_PORTS: Final = {"https": 443, "wss": 443, "http": 80, "ws": 80}
 
@@ -266,6 +280,7 @@ class CallTokens:
         *,
         ttl_s: float = 600.0,
         clock: Callable[[], float] = time.time,
+        shared: SharedRecord | None = None,
     ) -> None:
         """Create an issuer/verifier.
 
@@ -274,6 +289,8 @@ class CallTokens:
             ttl_s: lifetime of an issued token in seconds: how long Twilio may take between
                 fetching the TwiML and sending ``start``.
             clock: Unix-time source, injectable so tests move time without sleeping.
+            shared: where :meth:`spend` also records spent tokens for every gateway behind
+                the same webhook (the Redis bus); None: this process's record only.
 
         Raises:
             ValueError: ``secret`` too short, or ``ttl_s`` not a positive finite number.
@@ -285,6 +302,7 @@ class CallTokens:
         self._secret = bytes(secret)
         self._ttl_s = float(ttl_s)
         self._clock = clock
+        self._shared = shared
         # token_id -> expiry of every token a stream started with; an entry is useless once
         # the token has expired (verify refuses it anyway), so the map holds at most the
         # tokens redeemed in the last ttl_s.
@@ -373,8 +391,8 @@ class CallTokens:
 
         Twilio opens one stream per ``<Stream>`` it fetched, so a second ``start`` carrying
         the same token is a replay (or a copy of the first stream's traffic), never Twilio.
-        Spent tokens are remembered until they expire, in this process: gateways behind one
-        load balancer each refuse reuse of the tokens their streams redeemed.
+        Spent tokens are remembered until they expire, in this process; :meth:`spend` also
+        records them for every gateway behind the same webhook.
 
         Raises:
             InvalidToken: every refusal of :meth:`verify`, and :class:`ReusedToken`.
@@ -387,4 +405,32 @@ class CallTokens:
         if claims.token_id in self._spent:
             raise ReusedToken(f"token for call {call_sid} was already used by another stream")
         self._spent[claims.token_id] = claims.expires_at
+        return claims
+
+    async def spend(self, token: str, *, call_sid: str | None) -> TokenClaims:
+        """:meth:`redeem`, then spend the token for every gateway too (``shared``): a copy of
+        the upgrade or ``start`` sent to another gateway within the token's lifetime is a
+        :class:`ReusedToken` there. The shared record expires with the token.
+
+        With the shared record unreachable (Redis down) the token is still spent here, and
+        the refusal elsewhere is not guaranteed for that while (logged): refusing every new
+        call during an outage would be worse than the replay window it closes.
+
+        Raises:
+            InvalidToken: every refusal of :meth:`redeem`; :class:`ReusedToken` also when
+                another gateway spent the token.
+        """
+        claims = self.redeem(token, call_sid=call_sid)
+        if self._shared is None:
+            return claims
+        ttl_s = max(0.001, claims.expires_at - self._clock())
+        try:
+            first = await self._shared(claims.call_sid, claims.token_id, ttl_s)
+        except BusUnavailableError as exc:
+            _SHARED_DOWN.warning("stream token of call %s spent in this gateway only: the shared "
+                                 "record is unavailable (%s)", claims.call_sid, exc)
+            return claims
+        if not first:
+            raise ReusedToken(f"token for call {claims.call_sid} was already used by a stream "
+                              "on another gateway")
         return claims

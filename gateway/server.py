@@ -188,7 +188,10 @@ class GatewayApp:
         self._clock = clock
         self.bus = bus
         self.vad = vad
-        self.tokens = CallTokens(settings.token_secret, ttl_s=settings.token_ttl_s)
+        # Spent tokens are recorded on the bus too: behind several gateways on one Redis, a
+        # token spent on one is refused on all (an embedded bus records nothing more).
+        self.tokens = CallTokens(settings.token_secret, ttl_s=settings.token_ttl_s,
+                                 shared=bus.record_once)
         self.validator = SignatureValidator(settings.auth_token) if settings.auth_token else None
         self.calls: dict[str, CallSession] = {}
         self._calls_changed = asyncio.Event()
@@ -392,8 +395,9 @@ class GatewayApp:
         """Admit a stream's ``start``: one live stream per call, its token unused, and a place
         (the webhook's reservation, or a free one). ``key``: the claims of the token the
         upgrade's URL carried (spent there), which the ``start`` must match; without one the
-        ``token`` parameter is checked and spent here. Nothing awaits in here, so two starts
-        racing for one call cannot both pass."""
+        ``token`` parameter is checked and spent here. The one await (the shared record of
+        spent tokens) holds the call's place among the live ones, so two starts racing for one
+        call cannot both pass."""
         params = start.custom_parameters
         agent = params.get("agent", "default")
         sid = start.call_sid
@@ -410,11 +414,14 @@ class GatewayApp:
                                         close_message="call token refused")
                 claims = key
             else:
+                self._live.add(sid)  # a start racing this one while the record is written
                 try:
-                    claims = self.tokens.redeem(params.get("token", ""), call_sid=sid)
+                    claims = await self.tokens.spend(params.get("token", ""), call_sid=sid)
                 except InvalidToken as exc:
                     raise StreamRefused(f"call token refused: {exc.reason}", reason="token",
                                         close_message="call token refused") from exc
+                finally:
+                    self._live.discard(sid)
             agent = claims.agent
         reserved = self._reservations.pop(sid, None) is not None
         if not reserved and self.draining:
@@ -453,7 +460,7 @@ class GatewayApp:
             try:
                 # Spent here: the same URL and signature again (a replay) is refused now,
                 # before it holds a socket.
-                claims = self.tokens.redeem(key, call_sid=None)
+                claims = await self.tokens.spend(key, call_sid=None)
             except InvalidToken as exc:
                 self.metrics.refused("stream_key")
                 _SOCKETS_REFUSED.warning("media upgrade refused: stream URL key: %s", exc.reason)

@@ -93,6 +93,7 @@ from config import (
     ScriptRule,
 )
 
+from . import _reactions
 from ._context import ContextManager
 from ._errors import AgentLoadError, ToolNotDecoratedError
 from ._events import (
@@ -262,6 +263,7 @@ class _Router(Node):
                 queued = self._queue.get_nowait()
                 if queued is not None:
                     await self._pass_on(queued)
+                    _reactions.release(queued)
         await self._pass_on(event)
 
     async def _pass_on(self, event: SDKEvent) -> None:

@@ -139,6 +139,9 @@ class SDKEvent(BaseModel):
     # The emitting node's interrupt epoch at emission: an event from before the node's latest
     # interrupt is stale (the caller barged in before it could be played).
     _epoch: int | None = PrivateAttr(default=None)
+    # The input event's work this event is part of (``nodes._reactions``): the worker acks an
+    # uplink event once its reaction is done.
+    _reaction: Any = PrivateAttr(default=None)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from . import _reactions
 from ._events import SDKEvent, SDKSystemControlInterruptEvent, SDKSystemInitEvent
 
 __all__ = ["Node"]
@@ -83,10 +84,13 @@ class Node:
     # -- events -----------------------------------------------------------------------------
     async def queue_event(self, event: SDKEvent) -> None:
         """Queue ``event`` for this node's loop."""
+        _reactions.stamp(event)  # queued while a tagged event is processed: part of its work
+        _reactions.hold(event)  # released once processed or dropped (nodes._reactions)
         await self._queue.put(event)
 
     async def send_event(self, event: SDKEvent) -> None:
         """Pass ``event`` to every child: interrupts at once, everything else queued."""
+        _reactions.stamp(event)
         for child in tuple(self._children):
             if isinstance(event, SDKSystemControlInterruptEvent):
                 await child.process_event(event)
@@ -109,7 +113,9 @@ class Node:
         """
         old = self._loop_task
         self._epoch += 1
-        self._queue = asyncio.Queue()
+        dropped, self._queue = self._queue, asyncio.Queue()
+        while not dropped.empty():
+            _reactions.release(dropped.get_nowait())
         if old is None or not self._running:
             return
         current = asyncio.current_task()  # (``old is current_task()`` widens ``old`` in mypy 2.4)
@@ -136,13 +142,18 @@ class Node:
             queue = self._queue
             event = await queue.get()
             if event is None or epoch != self._epoch:
+                _reactions.release(event)
                 break
+            token = _reactions.CURRENT.set(event._reaction)
             try:
                 await self.process_event(event)
             except Exception:
                 # One bad event (a bug in user code) must not leave the node deaf for the rest
                 # of the call: log it with its traceback and take the next event.
                 logger.exception("[%s] error while processing %s", self.name, event.type)
+            finally:
+                _reactions.CURRENT.reset(token)
+                _reactions.release(event)
 
     async def start(
         self, init_event: SDKSystemInitEvent | None = None, task_manager: object | None = None

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from . import _reactions
 from ._errors import GraphCycleError, SessionStateError, UnknownEventHandlerError
 from ._events import (
     SDKAgentLLMResponseChunkEvent,
@@ -72,6 +73,7 @@ class _RootNode(Node):
             queued = self._queue.get_nowait()
             if queued is not None:
                 await self.send_event(queued)
+                _reactions.release(queued)
         await self.process_event(event)
 
 
@@ -87,6 +89,8 @@ class _OutputChannel:
 
     async def put(self, event: SDKEvent) -> None:
         bounded = isinstance(event, SDKAgentLLMResponseChunkEvent) and self._limit > 0
+        if _reactions.is_effect(event):
+            _reactions.hold(event)  # released once the consumer is done with it (output_events)
         async with self._cond:
             if bounded:
                 await self._cond.wait_for(
@@ -279,11 +283,16 @@ class AgentSession:
         """
         self._require(SessionState.RUNNING, "push_event")
         if isinstance(event, SDKSystemControlInterruptEvent):
-            await self._root.interrupt_now(event)
+            token = _reactions.CURRENT.set(event._reaction)
+            try:
+                await self._root.interrupt_now(event)
+            finally:
+                _reactions.CURRENT.reset(token)
         else:
             await self._root.queue_event(event)
         handlers = tuple(self._handlers["on_event_received"])
         if handlers:
+            _reactions.hold(event)
             await self._handler_queue.put((event, handlers))
 
     async def output_events(self) -> AsyncIterator[SDKEvent]:
@@ -293,6 +302,8 @@ class AgentSession:
             if event is None:
                 return
             yield event
+            if _reactions.is_effect(event):
+                _reactions.release(event)  # the consumer came back: done with it
 
     # -- handlers ---------------------------------------------------------------------------
     def on_event(self, event_name: str) -> Callable[[_H], _H]:
@@ -320,6 +331,7 @@ class AgentSession:
     async def _dispatch_handlers(self) -> None:
         while True:
             event, handlers = await self._handler_queue.get()
+            token = _reactions.CURRENT.set(event._reaction)
             try:
                 for handler in handlers:
                     try:
@@ -330,6 +342,8 @@ class AgentSession:
                         # A bug in one handler must not stop the others or the call.
                         logger.exception("[%s] on_event_received handler failed", self.name)
             finally:
+                _reactions.CURRENT.reset(token)
+                _reactions.release(event)
                 self._handler_queue.task_done()
 
     def _require(self, state: SessionState, what: str) -> None:

@@ -17,14 +17,19 @@ from ._output_agent import OutputAgentNode
 __all__ = ["drop_last_user_turn"]
 
 
-def drop_last_user_turn(nodes: Iterable[OutputAgentNode]) -> int:
-    """Remove the last user message and every message after it from each node's context.
-    Returns how many messages were removed in all."""
+def drop_last_user_turn(nodes: Iterable[OutputAgentNode], content: str | None = None) -> int:
+    """Remove the last user message (the last with this ``content``, when given) and every
+    message after it from each node's context. Returns how many messages were removed in all.
+
+    With ``content``: a worker answering again a turn whose answer its last owner did not get
+    out takes that turn out (the saved context may hold part of the old answer) and puts it
+    in again, as if it came now."""
     removed = 0
     for node in nodes:
         messages = node.context.messages
         last = next((i for i in range(len(messages) - 1, -1, -1)
-                     if messages[i].get("role") == "user"), None)
+                     if messages[i].get("role") == "user"
+                     and (content is None or messages[i].get("content") == content)), None)
         if last is None:
             continue
         removed += len(messages) - last

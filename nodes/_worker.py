@@ -23,9 +23,15 @@ A call lost to another worker (this one stalled past its lease and the bus says
 ``OwnershipLostError``) stops here: the session is stopped, logged, and nothing more is sent,
 acked or saved for it; Twilio REST effects are done only while ``bus.holds(call_sid)``.
 
-Each message is acked once handled; an ``eid`` seen before is acked and dropped. A final
-transcript is acked only once an output node has put the user message into its context and the
-conversation has been saved, so a worker dying in between leaves it to be redelivered.
+Each message is acked once what the agent did about it is on the downlink (its ``Reaction``,
+``nodes._reactions``: a key press once its spoken answer is sent); an ``eid`` seen before is
+acked and dropped. An utterance an uplink event caused is named after its eid and its downlink
+events after the utterance, so a worker that takes the call over and answers an unacked event
+again re-sends the same eids, which the gateway's downlink drops. A final transcript is acked
+only once its answer is out; once an output node has put the user message into its context the
+conversation is saved with the transcript listed as ``answering``, and a worker that takes the
+call over with that transcript unacked takes the turn out of the context (with what it holds of
+the old answer) and handles it again.
 
 Downlink (worker -> gateway), one utterance per response (or ``speak``) of an output node:
 ``UtteranceStart`` (``text`` only for ``speak``, where the whole text is known up front), an
@@ -58,7 +64,8 @@ gateway reported, so at a barge-in the node's state is that of the chunk the cal
 (or, in the last ``lookahead_ms`` of it, of the next).
 
 Persistence: after every response ends, after every cut and after each applied transcript, the
-worker saves ``{"version": 1, "nodes": {name: messages}, "last_eid", "through", "handled_eids"}``
+worker saves ``{"version": 1, "nodes": {name: messages}, "last_eid", "through", "handled_eids",
+"answering"}``
 with ``bus.save_context(call_sid, snapshot, through=...)``, ``through`` being the last uplink
 message id up to which every message is reflected in the snapshot (a transcript not yet applied
 holds it back); a worker that claims a call with a saved conversation restores each output
@@ -96,6 +103,7 @@ from ._events import (
     SDKAgentSpeakEvent,
     SDKAgentTranscriptUpdateEvent,
     SDKAgentTransferConversationEvent,
+    SDKEvent,
     SDKSystemControlInterruptEvent,
     SDKSystemInitEvent,
     SDKSystemLLMRequestEvent,
@@ -108,6 +116,7 @@ from ._events import (
 from ._node import Node
 from ._output_agent import OutputAgentNode
 from ._session import AgentSession, SessionState
+from ._reactions import Reaction, tag
 from ._tts import Synthesizer, ToneSynthesizer
 from ._turns import drop_last_user_turn
 
@@ -127,6 +136,13 @@ _STALL_GRACE_S = 2.0
 
 # Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
 _KEPT_EIDS = 1000
+
+
+def _eid_of(event: SDKEvent, kind: str) -> str | None:
+    """A deterministic ``eid`` for a downlink event an uplink event caused (see
+    ``_start_utterance``); None (the bus stamps one) otherwise."""
+    reaction = event._reaction
+    return reaction.next_id(kind) if isinstance(reaction, Reaction) else None
 
 
 def load_agent(spec: str) -> SetupFn:
@@ -164,6 +180,7 @@ class _Utterance:
     interrupted: bool = False
     ended: bool = False
     heard_ms: float = 0.0  # what the caller has heard of it (the gateway's ``playback``)
+    sent: int = 0  # downlink events sent for it (each one's eid: ``<utterance_id>.<n>``)
 
 
 @dataclass(slots=True)
@@ -173,9 +190,14 @@ class _Call:
     utterances: dict[str, _Utterance] = field(default_factory=dict)
     by_request: dict[str, _Utterance] = field(default_factory=dict)
     handled: dict[str, None] = field(default_factory=dict)  # eids, in handling order
-    # eid -> bus message id of transcripts handled but maybe not yet in a node's context;
-    # they stay unacked and outside the snapshot until applied
+    # eid -> bus message id of events handled whose effects may not all be out yet (a
+    # transcript not yet in a node's context or not yet answered, a key press not yet
+    # answered); they stay unacked and outside the snapshot's handled eids until then
     unapplied: dict[str, str] = field(default_factory=dict)
+    # transcripts in a node's context whose answer is not yet all on the downlink (saved, so
+    # that the next owner answers one again without adding the user message twice)
+    answering: dict[str, None] = field(default_factory=dict)
+    restored_answering: set[str] = field(default_factory=set)  # the last owner's
     # bus message ids in delivery order since ``covered``, the last id whose message and all
     # before it are reflected in the conversation (what ``save_context(through=)`` takes)
     order: deque[str] = field(default_factory=deque)
@@ -400,6 +422,7 @@ class SessionWorker:
             if isinstance(messages, list):
                 node.context.replace_messages(messages)
         state.handled = dict.fromkeys(str(e) for e in saved.get("handled_eids") or ())
+        state.restored_answering = {str(e) for e in saved.get("answering") or ()}
         last = saved.get("last_eid")
         state.last_eid = str(last) if last is not None else None
         logger.info("call %s resumed with %d handled events", state.sid, len(state.handled))
@@ -431,6 +454,7 @@ class SessionWorker:
             # The call is over: everything handled counts, nothing needs redelivery.
             pending = list(state.unapplied.values())
             state.unapplied.clear()
+            state.answering.clear()
             await self._save(state)
             for msg_id in pending:
                 await self._bus.ack(state.sid, msg_id)
@@ -445,10 +469,17 @@ class SessionWorker:
                 await self._bus.ack(state.sid, message.id)
                 continue
             record = self._decode(state, event)
-            applied = None if record is None else await self._on_uplink(state, record)
+            # What the agent does about the event (a key press's spoken answer, a greeting) is
+            # written to the downlink later, by the output pump: the event is acked only once
+            # all of it is, or a worker killed in between loses the answer (nodes._reactions).
+            reaction = Reaction(eid)
+            reaction.hold()
+            applied = (None if record is None
+                       else await self._on_uplink(state, record, reaction))
+            reaction.release()
             state.handled[eid] = None
             state.order.append(message.id)
-            if applied is None:
+            if applied is None and reaction.done:
                 state.last_eid = eid
                 if isinstance(record, bp.Interrupt):
                     await self._save(state)  # the cut, before the ack
@@ -456,7 +487,10 @@ class SessionWorker:
             else:
                 state.unapplied[eid] = message.id
                 task = asyncio.get_running_loop().create_task(
-                    self._ack_when_applied(state, eid, message.id, applied)
+                    self._ack_when_applied(
+                        state, eid, message.id, applied, reaction,
+                        save=isinstance(record, bp.Interrupt),
+                    )
                 )
                 state.ack_tasks.add(task)
                 task.add_done_callback(state.ack_tasks.discard)
@@ -478,42 +512,76 @@ class SessionWorker:
         return record
 
     async def _ack_when_applied(
-        self, state: _Call, eid: str, message_id: str, applied: asyncio.Event
+        self,
+        state: _Call,
+        eid: str,
+        message_id: str,
+        applied: asyncio.Event | None,
+        reaction: Reaction,
+        *,
+        save: bool,
     ) -> None:
-        await applied.wait()
-        del state.unapplied[eid]
-        state.last_eid = eid
-        await self._save(state)
+        if applied is not None:
+            await applied.wait()  # a transcript: in a node's context, its answer owed
+            state.answering[eid] = None
+            await self._save(state)
+        await reaction.wait()  # everything: once its effects are on the downlink
+        if self._answered(state, eid) and (applied is not None or save):
+            await self._save(state)
         await self._bus.ack(state.sid, message_id)
 
-    async def _on_uplink(self, state: _Call, event: bp.UplinkEvent) -> asyncio.Event | None:
-        """Turn one uplink event into SDK events; returns what to wait for before acking."""
+    @staticmethod
+    def _answered(state: _Call, eid: str) -> bool:
+        """The event's effects are out: it counts as handled in the next snapshot. False when
+        that was done already (a transcript's answer ended: ``_on_response_end``)."""
+        if state.unapplied.pop(eid, None) is None:
+            return False
+        state.answering.pop(eid, None)
+        state.last_eid = eid
+        return True
+
+    async def _on_uplink(
+        self, state: _Call, event: bp.UplinkEvent, reaction: Reaction
+    ) -> asyncio.Event | None:
+        """Turn one uplink event into SDK events, tagged with ``reaction`` (``reaction.key``
+        is the event's eid); returns what else to wait for before acking (a transcript: its
+        user message in a node's context)."""
         session = state.session
         if session.state is not SessionState.RUNNING:
             return None  # the agent never started: nothing to feed
+
+        async def push(sdk_event: SDKEvent) -> None:
+            await session.push_event(tag(sdk_event, reaction))
+
         match event:
             case bp.CallStarted():
-                await session.push_event(SDKSystemUserJoinedEvent())
+                await push(SDKSystemUserJoinedEvent())
             case bp.SpeechStarted():
-                await session.push_event(SDKSystemUserStartedSpeakingEvent())
+                await push(SDKSystemUserStartedSpeakingEvent())
             case bp.SpeechStopped():
-                await session.push_event(SDKSystemUserStoppedSpeakingEvent())
+                await push(SDKSystemUserStoppedSpeakingEvent())
             case bp.Transcript():
                 if not event.text.strip() or not event.final:
                     return None
-                if event.replaces_previous:  # the caller resumed: one message per turn
+                if reaction.key in state.restored_answering:
+                    # The last owner put it into the context (saved) but died before its answer
+                    # was all out: the turn (with what the context has of that answer) goes out
+                    # and in again, and is answered again under the same downlink ids.
+                    state.restored_answering.discard(reaction.key)
+                    drop_last_user_turn(session.output_nodes, event.text)
+                elif event.replaces_previous:  # the caller resumed: one message per turn
                     drop_last_user_turn(session.output_nodes)
                 message = SDKAgentTranscriptUpdateEvent(role="user", content=event.text)
                 applied = asyncio.Event()
                 message._applied = applied
-                await session.push_event(message)
-                await session.push_event(SDKSystemLLMRequestEvent())
+                await push(message)
+                await push(SDKSystemLLMRequestEvent())
                 return applied
             case bp.Interrupt():
-                await self._on_interrupt(state, event)
+                await self._on_interrupt(state, event, reaction)
             case bp.Dtmf():
                 if event.digit:
-                    await session.push_event(SDKSystemUserDTMFEvent(digit=event.digit))
+                    await push(SDKSystemUserDTMFEvent(digit=event.digit))
                 else:
                     logger.warning("call %s: dtmf without a digit skipped", state.sid)
             case bp.Playback():
@@ -568,7 +636,7 @@ class SessionWorker:
                     state.sid, stall_s,
                 )
 
-    async def _on_interrupt(self, state: _Call, event: bp.Interrupt) -> None:
+    async def _on_interrupt(self, state: _Call, event: bp.Interrupt, reaction: Reaction) -> None:
         utterance = state.utterances.get(event.utterance_id) if event.utterance_id else None
         if utterance is not None and not utterance.interruptible:
             logger.warning(
@@ -590,7 +658,7 @@ class SessionWorker:
                 if later.seq > utterance.seq and later.interruptible and not later.interrupted:
                     self._cut(later, "")
         # Returns once every interruptible node has cancelled its generation.
-        await state.session.push_event(SDKSystemControlInterruptEvent())
+        await state.session.push_event(tag(SDKSystemControlInterruptEvent(), reaction))
 
     @staticmethod
     def _heard_text(utterance: _Utterance, event: bp.Interrupt) -> str:
@@ -617,10 +685,11 @@ class SessionWorker:
             elif isinstance(event, SDKAgentSpeakEvent):
                 await self._on_speak(state, event)
             elif isinstance(event, SDKAgentEndCallEvent):
-                await self._send(state, bp.Hangup())
+                await self._send(state, bp.Hangup(), eid=_eid_of(event, "hangup"))
                 await self._control(state, "end")
             elif isinstance(event, SDKAgentTransferConversationEvent):
-                await self._send(state, bp.Transfer(to=event.transfer_call_number))
+                await self._send(state, bp.Transfer(to=event.transfer_call_number),
+                                 eid=_eid_of(event, "transfer"))
                 await self._control(state, "transfer", event.transfer_call_number)
             elif isinstance(event, SDKAgentErrorEvent):
                 node = event.origin.name if event.origin else "?"
@@ -629,11 +698,21 @@ class SessionWorker:
                 )
 
     async def _start_utterance(
-        self, state: _Call, origin: Node | None, request_id: str | None, text: str | None = None
+        self,
+        state: _Call,
+        cause: SDKEvent,
+        request_id: str | None,
+        text: str | None = None,
     ) -> _Utterance:
+        origin = cause.origin
         state.seq += 1
+        # An utterance caused by an uplink event is named after it, and its downlink events
+        # after the utterance: a worker that took the call over and answers the same unacked
+        # event again re-sends the same eids, and the gateway drops what it already had.
+        reaction = cause._reaction
         utterance = _Utterance(
-            utterance_id=f"utt-{uuid.uuid4().hex[:12]}",
+            utterance_id=(reaction.next_id("utt") if isinstance(reaction, Reaction)
+                          else f"utt-{uuid.uuid4().hex[:12]}"),
             seq=state.seq,
             node=origin,
             request_id=request_id,
@@ -642,7 +721,7 @@ class SessionWorker:
         state.utterances[utterance.utterance_id] = utterance
         if request_id is not None:
             state.by_request[request_id] = utterance
-        await self._send(state, bp.UtteranceStart(
+        await self._send_utterance(state, utterance, bp.UtteranceStart(
             utterance_id=utterance.utterance_id,
             node=origin.name if origin is not None else "",
             interruptible=utterance.interruptible,
@@ -665,7 +744,7 @@ class SessionWorker:
                 return
             piece_ms = len(piece) / ULAW_BYTES_PER_MS
             audio_ms += piece_ms
-            await self._send(state, bp.Audio(
+            await self._send_utterance(state, utterance, bp.Audio(
                 utterance_id=utterance.utterance_id,
                 payload=piece,
                 text=text,
@@ -679,7 +758,7 @@ class SessionWorker:
         if utterance.ended:
             return
         utterance.ended = True
-        await self._send(state, bp.UtteranceEnd(
+        await self._send_utterance(state, utterance, bp.UtteranceEnd(
             utterance_id=utterance.utterance_id,
             interrupted=utterance.interrupted,
             text=utterance.alignment.text,
@@ -711,7 +790,7 @@ class SessionWorker:
         if utterance is None:
             if self._drop_stale(event):
                 return
-            utterance = await self._start_utterance(state, event.origin, event.request_id)
+            utterance = await self._start_utterance(state, event, event.request_id)
         await self._speak_chunk(state, utterance, event.text)
 
     async def _on_response_end(self, state: _Call, event: SDKAgentLLMResponseEndEvent) -> None:
@@ -720,19 +799,28 @@ class SessionWorker:
             await self._end_utterance(state, utterance)
         if event.request_id is not None:
             state.chunks_done.pop(event.request_id, None)
+        reaction = event._reaction
+        if isinstance(reaction, Reaction) and reaction.key in state.answering:
+            self._answered(state, reaction.key)  # the transcript's answer is out: saved so
         await self._save(state)  # end of a turn
 
     async def _on_speak(self, state: _Call, event: SDKAgentSpeakEvent) -> None:
         if self._drop_stale(event):
             return
-        utterance = await self._start_utterance(state, event.origin, event.request_id, event.text)
+        utterance = await self._start_utterance(state, event, event.request_id, event.text)
         await self._speak_chunk(state, utterance, event.text)
         await self._end_utterance(state, utterance)
         await self._save(state)
 
     # -- effects ----------------------------------------------------------------------------
-    async def _send(self, state: _Call, event: bp.DownlinkEvent) -> None:
-        await self._bus.send(state.sid, bp.encode(event))
+    async def _send(self, state: _Call, event: bp.DownlinkEvent, *, eid: str | None = None) -> None:
+        await self._bus.send(state.sid, bp.encode(event, eid=eid))
+
+    async def _send_utterance(
+        self, state: _Call, utterance: _Utterance, event: bp.DownlinkEvent
+    ) -> None:
+        utterance.sent += 1
+        await self._send(state, event, eid=f"{utterance.utterance_id}.{utterance.sent}")
 
     async def _control(self, state: _Call, action: str, to: str = "") -> None:
         if not await self._bus.holds(state.sid):
@@ -761,6 +849,7 @@ class SessionWorker:
             "last_eid": state.last_eid,
             "through": state.covered,
             "handled_eids": [e for e in state.handled if e not in state.unapplied][-_KEPT_EIDS:],
+            "answering": list(state.answering),
         }
 
     async def _save(self, state: _Call) -> None:

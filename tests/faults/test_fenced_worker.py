@@ -36,12 +36,16 @@ CONFIG = textwrap.dedent(
 
 
 async def _said(raw: Redis) -> list[str]:
-    """Every utterance the workers started on the call's downlink, in order, copies included."""
+    """Every utterance the workers started on the call's downlink, in order, as the gateway
+    plays them: one copy per eid (a key press whose answer was written but not yet acked when
+    its worker froze is answered again by the next owner under the same eids)."""
     out = []
+    eids = set()
     for _, fields in await raw.xrange(f"cg:{{{SID}}}:down"):
         if b"e" in fields:
             event = json.loads(fields[b"e"])
-            if event["type"] == "utterance_start":
+            if event["type"] == "utterance_start" and event["eid"] not in eids:
+                eids.add(event["eid"])
                 out.append(event.get("text", ""))
     return out
 
