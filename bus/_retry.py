@@ -54,9 +54,26 @@ def is_critical(event: dict[str, Any]) -> bool:
     return kind == "transcript" and bool(event.get("final", True))
 
 
+class _CappedJitterBackoff(ExponentialWithJitterBackoff):
+    """redis-py's exponential backoff with full jitter, with the exponent bounded.
+
+    redis-py computes ``random() * base * 2**failures`` in floats, which raises OverflowError
+    from 1,024 consecutive failures on: with the bus's 1 s cap that is a ~17 minute outage, after
+    which the writer task died of it and nothing buffered was ever written, even once the server
+    was back. ``2**64`` times any sane base is far past any cap, so counting failures up to 64
+    changes no delay."""
+
+    def compute(self, failures: int) -> float:
+        return super().compute(min(failures, _MAX_EXPONENT))
+
+
+_MAX_EXPONENT = 64
+
+
 def make_backoff(base_s: float, cap_s: float) -> AbstractBackoff:
-    """Exponential backoff with full jitter: ``random() * base * 2**failures``, at most ``cap``."""
-    return ExponentialWithJitterBackoff(cap=cap_s, base=base_s)
+    """Exponential backoff with full jitter: ``random() * base * 2**failures``, at most ``cap``
+    (any number of failures)."""
+    return _CappedJitterBackoff(cap=cap_s, base=base_s)
 
 
 def make_retry(retries: int, base_s: float, cap_s: float) -> Retry:
