@@ -6,7 +6,7 @@ decision variant, and scored with the evaluator's rules (``linesim.scoring``).
     python -m bench.robustness --split check --variant 'strict:echo.echo_margin_db=12'
 
 Variants are named overrides of the call's settings (``gateway.call.CallSettings``): a key is a
-field of ``CallSettings`` (``dtmf_interrupts``), of its ``barge_in`` (``barge_in.p_on``) or of its
+field of ``CallSettings`` (``chunk_ms``), of its ``barge_in`` (``barge_in.p_on``) or of its
 ``echo`` gate (``echo.echo_margin_db``). Built in (:data:`VARIANTS`):
 
 * ``plain_silero``: Silero alone, no gate: p >= 0.5 for two 32 ms windows stops the bot and every

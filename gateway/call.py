@@ -24,8 +24,8 @@ import enum
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +44,6 @@ from vad import (
     EchoGateSettings,
     Effect,
     Interrupt,
-    OverUninterruptible,
     Pause,
     PolicyState,
     Resume,
@@ -104,11 +103,6 @@ class CallSettings:
     chunk_ms: int = 40
     """Outbound audio per media message (one mark each): what a clear can lose and the
     precision of heard_ms; 40 ms halves the messages per call against 20 ms (bench/load.py)."""
-    dtmf_interrupts: bool = True
-    """A keypress stops an interruptible prompt (as IVR menus expect)."""
-    speech_over_uninterruptible: Literal["keep", "drop"] = "keep"
-    """What the caller said over a non-interruptible utterance: ``keep`` hands it to the agent
-    as the next turn once the utterance is over; ``drop`` discards it (published flagged)."""
     max_payload_bytes: int = tp.DEFAULT_MAX_PAYLOAD_BYTES
     turn: TurnSettings = field(default_factory=TurnSettings)
     """When the caller's turn is over (vad/_turn.py): its transcript is published then, not at
@@ -190,13 +184,7 @@ class CallSession:
     def _configure(self) -> None:
         self.playback = Playback(chunk_ms=self.settings.chunk_ms,
                                  lead_ms=self.settings.playback_lead_ms)
-        # CallSettings' dtmf_interrupts and speech_over_uninterruptible (the agent's YAML) are
-        # the switches; the policy acts on them.
-        barge_in = replace(self.settings.barge_in,
-                           dtmf_interrupts=self.settings.dtmf_interrupts,
-                           speech_over_uninterruptible=OverUninterruptible(
-                               self.settings.speech_over_uninterruptible))
-        self.policy = BargeInPolicy(barge_in)
+        self.policy = BargeInPolicy(self.settings.barge_in)
         self.turn = TurnDetector(self.settings.turn)
         self._turn_open = False  # a caller turn whose transcript is not published yet
         self._turn_ended_early = False  # the wait ran out before the policy's speech_stopped

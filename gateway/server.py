@@ -47,7 +47,7 @@ from aiohttp import WSMsgType, web
 from twilio.twiml.voice_response import Connect, Say, Stream, VoiceResponse
 
 from bus import Bus, CallInfo
-from vad import AecMode, BargeInSettings, EchoGateSettings, VadEngine
+from vad import AecMode, BargeInSettings, EchoGateSettings, OverUninterruptible, VadEngine
 from vad._turn import TurnSettings
 
 from . import twilio_protocol as tp
@@ -667,13 +667,13 @@ def call_settings_from(barge_in: Any, turn: Any = None) -> CallSettings:
         barge_in=BargeInSettings(p_on=b.p_on, p_off=b.p_off, start_windows=b.start_windows,
                                  stop_windows=b.stop_windows, commit_ms=b.commit_ms,
                                  resume_on_backchannel=b.resume_on_backchannel,
-                                 band_snr_db=b.band_snr_db),
+                                 band_snr_db=b.band_snr_db, dtmf_interrupts=b.dtmf_interrupts,
+                                 speech_over_uninterruptible=OverUninterruptible(
+                                     b.speech_over_uninterruptible)),
         echo=EchoGateSettings(echo_margin_db=b.echo_margin_db, noise_margin_db=b.noise_margin_db),
         echo_canceller=AecMode(b.echo_canceller),
         playback_lead_ms=b.playback_lead_ms,
         chunk_ms=b.playback_chunk_ms,
-        dtmf_interrupts=b.dtmf_interrupts,
-        speech_over_uninterruptible=b.speech_over_uninterruptible,
     )
 
 

@@ -62,8 +62,9 @@ def test_same_seed_same_verdicts(library: VoiceLibrary) -> None:
 
 def test_variants_override_settings_and_bad_ones_say_why() -> None:
     s = call_settings(parse_variant("strict:echo.echo_margin_db=12,barge_in.p_on=0.7,"
-                                    "dtmf_interrupts=false"))
-    assert s.echo.echo_margin_db == 12 and s.barge_in.p_on == 0.7 and s.dtmf_interrupts is False
+                                    "barge_in.dtmf_interrupts=false,chunk_ms=80"))
+    assert s.echo.echo_margin_db == 12 and s.barge_in.p_on == 0.7
+    assert s.barge_in.dtmf_interrupts is False and s.chunk_ms == 80
     plain = call_settings(VARIANTS["plain_silero"])
     assert plain.barge_in.resume_on_backchannel is False and plain.echo.echo_margin_db < -100
     with pytest.raises(VariantError, match="barge_in has no setting p_onn"):
