@@ -349,12 +349,16 @@ class _Owned:
 class _Sub:
     """One iterator's inbox, filled by a reader task."""
 
-    __slots__ = ("queue", "last", "call_sid")
+    __slots__ = ("queue", "last", "call_sid", "token")
 
     def __init__(self, call_sid: str = "") -> None:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.last: tuple[int, int] = (0, 0)  # highest id put in the queue
         self.call_sid = call_sid
+        self.token = ""
+        """The claim token the inbox's uplink was opened under ("": a reader that owns nothing,
+        e.g. a tool). Kept here, not looked up per read: a call dropped from the bus's owned set
+        must not read on with the empty token, which _CLAIM_UP takes as "unfenced"."""
 
 
 STEP_FLUSH_S = 1.0
@@ -1361,7 +1365,7 @@ class RedisBus(Bus):
             owned.queue = sub.queue
         seen = self._up_seen.setdefault(call_sid, SeenWindow())
         up = self._key(call_sid, "up")
-        token = owned.token if owned is not None else ""
+        token = sub.token = owned.token if owned is not None else ""
         through_raw, gateway, history = await self._until_ok(
             lambda: self._history(redis, call_sid, worker_id, token)
         )
@@ -1929,10 +1933,17 @@ class _Shard:
         bus = self.bus
         calls = []
         for key in (*fresh, *arrived):
-            sid = self.subs[key][0].call_sid if self.subs.get(key) else ""
-            owned = bus._owned.get(sid)
-            token = owned.token if owned is not None and owned.worker_id == consumer else ""
+            subs = self.subs.get(key)
+            if not subs:
+                continue  # left the shard since the keys were taken
+            # The token the uplink was opened under, even once the bus dropped the call from its
+            # owned set (a lost lease): with the empty token the script would read unfenced and
+            # move the new owner's messages into this worker's pending list, where nobody reads
+            # them (a worker resumed from SIGSTOP after a takeover did exactly that).
+            sid, token = subs[0].call_sid, subs[0].token
             calls.append((key, sid, token))
+        if not calls:
+            return []
         commands = [
             ("EVALSHA", _CLAIM_UP_SHA, 3, bus._key(sid, "owner"), bus._key(sid, "fence"), key,
              consumer, token, 256, "0" if key in arrived else "1")

@@ -110,11 +110,6 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     host = args.host or cfg.server.host
     port = args.port if args.port is not None else cfg.server.port
-    try:
-        sock = listen_socket(host, port)
-    except StartupError as exc:
-        print(f"callgate serve: {exc}", file=sys.stderr)
-        return 1
     if any(a.barge_in.echo_canceller == "aec3" for a in cfg.agents.values()):
         from vad import EchoCancellerUnavailable, warm_up_echo_canceller
 
@@ -124,7 +119,16 @@ def serve(args: argparse.Namespace) -> int:
             print(f"callgate serve: {exc}", file=sys.stderr)
             return 1
     redis_url = args.redis or cfg.bus.redis_url
-    bus = make_bus(redis_url)
+    try:  # before the socket is bound: a mistake here must not leave it open
+        bus = make_bus(redis_url)
+    except ValueError as exc:
+        print(f"callgate serve: {exc}", file=sys.stderr)
+        return 1
+    try:
+        sock = listen_socket(host, port)
+    except StartupError as exc:
+        print(f"callgate serve: {exc}", file=sys.stderr)
+        return 1
     app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime,
                                                      max_wait_ms=args.vad_max_wait_ms))
     gateway = app[GATEWAY_KEY]
@@ -224,10 +228,14 @@ def run_worker(args: argparse.Namespace) -> int:
         print(f"callgate worker: bad config:\n{exc}", file=sys.stderr)
         return 1
 
+    try:
+        bus = make_bus(args.redis)
+    except ValueError as exc:
+        print(f"callgate worker: {exc}", file=sys.stderr)
+        return 1
     started = asyncio.Event()
 
     async def main() -> None:
-        bus = make_bus(args.redis)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

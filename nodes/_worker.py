@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from audio import ULAW_BYTES_PER_MS
-from bus import Bus, CallInfo, Event, EventDecodeError, OwnershipLostError
+from bus import Bus, BusUnavailableError, CallInfo, Event, EventDecodeError, OwnershipLostError
 from bus import protocol as bp
 
 from ._alignment import UtteranceAlignment
@@ -408,7 +408,7 @@ class SessionWorker:
         return True
 
     async def _restore(self, state: _Call) -> None:
-        saved = await self._bus.load_context(state.sid)
+        saved = await self._load_context(state.sid)
         if not saved:
             return
         if saved.get("version") != SNAPSHOT_VERSION:
@@ -426,6 +426,22 @@ class SessionWorker:
         last = saved.get("last_eid")
         state.last_eid = str(last) if last is not None else None
         logger.info("call %s resumed with %d handled events", state.sid, len(state.handled))
+
+    async def _load_context(self, sid: str) -> dict[str, Any] | None:
+        """The call's saved context, retried while the bus is down: a call claimed (or taken
+        over) just as Redis went away would otherwise fail here and stay owned, its lease renewed
+        by the heartbeat, with nobody serving it. The bus's own retries end in seconds; an
+        outage can last longer, and the caller waits either way."""
+        delay = 0.1
+        while True:
+            try:
+                return await self._bus.load_context(sid)
+            except BusUnavailableError as exc:
+                if delay == 0.1:
+                    logger.warning("call %s: the bus is down; loading its saved context again until "
+                                   "it is back (%s)", sid, exc)
+                await asyncio.sleep(delay)  # a back-off between attempts, not a wait for an event
+                delay = min(delay * 2, 2.0)
 
     async def _finish(
         self,
@@ -521,14 +537,28 @@ class SessionWorker:
         *,
         save: bool,
     ) -> None:
-        if applied is not None:
-            await applied.wait()  # a transcript: in a node's context, its answer owed
-            state.answering[eid] = None
+        if applied is not None and await self._applied_or_dropped(applied, reaction):
+            state.answering[eid] = None  # a transcript: in a node's context, its answer owed
             await self._save(state)
         await reaction.wait()  # everything: once its effects are on the downlink
         if self._answered(state, eid) and (applied is not None or save):
             await self._save(state)
         await self._bus.ack(state.sid, message_id)
+
+    @staticmethod
+    async def _applied_or_dropped(applied: asyncio.Event, reaction: Reaction) -> bool:
+        """True once a node applied the transcript; False when its reactions all ended first (an
+        interrupt dropped it from a node's queue before any node took it in): then no answer is
+        owed, and waiting for ``applied`` alone would hold its ack, and every later one, for the
+        rest of the call."""
+        waits = {asyncio.ensure_future(applied.wait()), asyncio.ensure_future(reaction.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.wait(waits)
+        return applied.is_set()
 
     @staticmethod
     def _answered(state: _Call, eid: str) -> bool:

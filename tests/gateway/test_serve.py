@@ -101,6 +101,11 @@ def test_bad_command_lines_are_one_clear_line(tmp_path: Path) -> None:
         (("replay", wav, "--bot-script", labels, "--events-out", str(tmp_path / "no/such/x")),
          ("--events-out", "No such file or directory")),
         (("--log-level", "LOUD", "config", "check"), ("--log-level", "'LOUD'", "INFO")),
+        (("serve", "--no-worker", "--port", "0", "--redis", "http://127.0.0.1:6379"),
+         ("callgate serve", "unknown bus URL", "http://")),
+        (("serve", "--no-worker", "--port", "0", "--redis", "redis+cluster://127.0.0.1"),
+         ("callgate serve", "host:port")),
+        (("worker", "--redis", "http://127.0.0.1:6379"), ("callgate worker", "unknown bus URL")),
     ]
     if os.geteuid() != 0:  # root writes anywhere
         cases.append((("replay", wav, "--bot-script", labels, "--events-out",

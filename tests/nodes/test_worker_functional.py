@@ -504,3 +504,46 @@ async def test_barge_in_drops_responses_queued_behind_the_interrupted_one(bus: B
     assert received[1]["interrupted"] is True
     for node in nodes:
         assert node.context.messages == [{"role": "user", "content": "Hello?"}]
+
+
+
+class Chunked(OutputAgentNode):
+    """Three chunks; with a lookahead the second is pulled only once the caller hears the first."""
+
+    async def generate_response(self) -> AsyncIterator[str]:
+        for n in range(3):
+            yield f"Part {n} of the answer. "
+
+
+async def test_a_transcript_dropped_by_an_interrupt_before_any_node_took_it_is_acked(bus: Bus) -> None:
+    """A second turn queued behind the node's paced answer to the first, then a barge-in: the node
+    drops the queued turn without taking it into its context, and the worker must settle it (ack
+    it) rather than wait for it to be applied for the rest of the call, holding every later ack."""
+    node = Chunked(name="alpha")
+
+    async def setup(session: AgentSession) -> None:
+        session.add_node(node)
+        await session.start()
+        await session.wait_until_complete()
+
+    # No playback reports from this gateway: the node's generator waits on its pacing, busy.
+    async with Worker(bus, setup, lookahead_ms=50.0) as worker:
+        line = await open_line(bus, "CA9001")
+        await line.publish({"type": "transcript", "text": "Hello?", "final": True})
+        start = await line.next("utterance_start")
+        await line.publish({"type": "transcript", "text": "Are you there?", "final": True})
+
+        def unapplied() -> int:
+            state = worker._calls.get("CA9001")
+            return -1 if state is None else len(state.unapplied)
+
+        await guard(_until(lambda: unapplied() == 2))  # both turns owed an answer
+        await line.publish({"type": "interrupt", "utterance_id": start["utterance_id"], "heard_ms": 0})
+        await guard(_until(lambda: unapplied() == 0))  # both settled: nothing left to ack
+        await line.end(worker)
+    assert node.context.messages[0] == {"role": "user", "content": "Hello?"}
+
+
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)  # polling a worker's state: no event to wait on from outside
