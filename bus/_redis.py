@@ -361,6 +361,9 @@ class _Sub:
         must not read on with the empty token, which _CLAIM_UP takes as "unfenced"."""
 
 
+RECORD_ONCE_TIMEOUT_S = 0.5
+"""The longest ``record_once`` waits for Redis before it says the server cannot answer."""
+
 STEP_FLUSH_S = 1.0
 """The longest a worker's next message waits for its previous step's writes (then it goes
 on; the writes stay queued in order)."""
@@ -820,8 +823,10 @@ class RedisBus(Bus):
         redis = self._redis
         assert redis is not None
         failures = 0
+        isolate = 0  # after a batch failed not for the connection: ops to write one at a time
         while True:
-            batch = self._buf.take(self._batch_max)
+            batch = self._buf.take(1 if isolate else self._batch_max)
+            isolate = max(0, isolate - 1)
             if not batch:
                 self._wake_writer.clear()
                 await self._wake_writer.wait()
@@ -844,9 +849,22 @@ class RedisBus(Bus):
                 self._outage.lost(exc)
                 await asyncio.sleep(self._backoff.compute(failures))
                 continue
-            except BaseException:
+            except asyncio.CancelledError:
                 self._buf.requeue()
                 raise
+            except Exception as exc:  # noqa: BLE001 - a command that cannot be sent, not the link
+                # One bad op must not end the only writer (every later ack, save and downlink
+                # write would queue forever while calls seemed to go on): find it by writing the
+                # batch one op at a time, and drop it alone, loudly.
+                if len(batch) > 1:
+                    self._buf.requeue()
+                    isolate = len(batch)
+                    continue
+                self._buf.commit()
+                log.error("bus %s: dropped a %s write for call %s that could not be sent: %r",
+                          self.bus_id, batch[0].kind, batch[0].call_sid, exc)
+                self._wake_flush_waiters()
+                continue
             if loading:
                 if not self._cluster:
                     results = results[1:]
@@ -862,10 +880,13 @@ class RedisBus(Bus):
             self._buf.commit()
             self._outage.ok()
             self._report(batch, results)
-            waiters, self._flush_waiters = self._flush_waiters, []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._wake_flush_waiters()
+
+    def _wake_flush_waiters(self) -> None:
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _report(self, batch: list[Op], results: list[Any]) -> None:
         at = 0
@@ -1531,11 +1552,14 @@ class RedisBus(Bus):
         redis = await self._open()
         key = self._key(call_sid, f"once:{name}")  # the call's slot: one round trip, any node
         px = max(1, math.ceil(ttl_s * 1000))
+        if self._outage.since is not None:  # known down: answer now, the caller has a fallback
+            raise BusUnavailableError(f"could not record {name} for {call_sid}: Redis is unreachable")
         try:
-            created = await self._read_retry.call_with_retry(
-                lambda: redis.set(key, b"1", nx=True, px=px), self._noop
-            )
-        except _CONNECTION_ERRORS as exc:
+            # One bounded try, not the read retries: a gateway spends a stream's token while
+            # Twilio waits on the upgrade, and those retries held it 3-15 s in an outage.
+            async with asyncio.timeout(RECORD_ONCE_TIMEOUT_S):
+                created = await redis.set(key, b"1", nx=True, px=px)
+        except _CONNECTION_OR_TIMEOUT as exc:
             self._outage.lost(exc)
             raise BusUnavailableError(f"could not record {name} for {call_sid}: {exc}") from exc
         return bool(created)
