@@ -34,7 +34,7 @@ from nodes import (
 )
 
 from ..openai_server import OpenAIServer, Text, ToolCallStep, Wait
-from .conftest import guard
+from .conftest import guard, setup_with
 
 logger = logging.getLogger("tests.nodes.seed")
 
@@ -361,10 +361,7 @@ async def test_payment_agent_is_never_cancelled() -> None:
     agent = CardPayment()
     assert agent.name == "payment-agent" and not agent.is_interruptible
 
-    async def payment_setup(session: AgentSession) -> None:
-        session.add_node(agent)
-        await session.start()
-        await session.wait_until_complete()
+    payment_setup = setup_with(lambda: agent)
 
     async with Conversation(payment_setup) as conv:
         await conv.say("I want to pay my bill")
@@ -389,10 +386,7 @@ async def test_payment_agent_is_never_cancelled() -> None:
 # -- StatefulAgent: logs task and progress at the interrupt -------------------------------------
 
 
-async def stateful_setup(session: AgentSession) -> None:
-    session.add_node(StatefulAgent())
-    await session.start()
-    await session.wait_until_complete()
+stateful_setup = setup_with(StatefulAgent)
 
 
 async def test_stateful_agent_logs_progress_at_the_interrupt(
@@ -449,10 +443,7 @@ class ReturnsAgent(ResumableAgent):
         yield "You have 30 days to return items."
 
 
-async def resumable_setup(session: AgentSession) -> None:
-    session.add_node(ReturnsAgent())
-    await session.start()
-    await session.wait_until_complete()
+resumable_setup = setup_with(ReturnsAgent)
 
 
 async def test_resumable_agent_resumes_on_continue() -> None:
@@ -519,10 +510,7 @@ async def test_tool_agent_streams_then_runs_tools_in_parallel(
     )
     agent = make_tool_agent(llm)
 
-    async def tool_setup(session: AgentSession) -> None:
-        session.add_node(agent)
-        await session.start()
-        await session.wait_until_complete()
+    tool_setup = setup_with(lambda: agent)
 
     async with Conversation(tool_setup) as conv:
         await conv.say("What are my balances?")
@@ -605,10 +593,7 @@ async def test_tool_agent_interrupt_cancels_unfinished_tools(
     agent.tool_registry = registry  # type: ignore[attr-defined]
     agent.tool_schemas = registry.get_schemas()  # type: ignore[attr-defined]
 
-    async def tool_setup(session: AgentSession) -> None:
-        session.add_node(agent)
-        await session.start()
-        await session.wait_until_complete()
+    tool_setup = setup_with(lambda: agent)
 
     async with Conversation(tool_setup) as conv:
         await conv.say("Look it up")
