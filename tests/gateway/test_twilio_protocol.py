@@ -47,19 +47,9 @@ from gateway.twilio_protocol import (
     parse_outbound,
 )
 
-# The corpus lives in ../shared next to the checkout, or in shared/ inside it.
-_ROOT = Path(__file__).resolve().parents[2]
-RECORDINGS = next(
-    (
-        p
-        for p in (_ROOT.parent / "shared" / "recordings", _ROOT / "shared" / "recordings")
-        if p.is_dir()
-    ),
-    _ROOT.parent / "shared" / "recordings",
-)
-needs_recordings = pytest.mark.skipif(
-    not RECORDINGS.is_dir(), reason="../shared/recordings is not present"
-)
+from ..common import SHARED_RECORDINGS as RECORDINGS
+from ..common import assert_exports_complete
+from ..common import needs_shared_recordings as needs_recordings
 
 # Copied verbatim from ../shared/recordings so the suite stands on its own.
 SID = "MZe72b5b8d159072e94b0db809ba700613"
@@ -98,13 +88,7 @@ GOLDEN_LINES = [GOLDEN_CONNECTED, GOLDEN_START, GOLDEN_MEDIA, GOLDEN_DTMF, GOLDE
 
 
 def test_exports_are_complete() -> None:
-    defined = {
-        name
-        for name, obj in vars(tp).items()
-        if not name.startswith("_") and getattr(obj, "__module__", None) == tp.__name__
-    }
-    assert defined <= set(tp.__all__)
-    assert all(hasattr(tp, name) for name in tp.__all__)
+    assert_exports_complete(tp)
 
 
 # --- golden lines -------------------------------------------------------------------------------
