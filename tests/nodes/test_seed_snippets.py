@@ -10,6 +10,7 @@ for ``MyAgent._generate_normal``; tests subclass the agents where the seed leave
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -386,16 +387,23 @@ async def test_payment_agent_is_never_cancelled() -> None:
 # -- StatefulAgent: logs task and progress at the interrupt -------------------------------------
 
 
-stateful_setup = setup_with(StatefulAgent)
+@contextlib.asynccontextmanager
+async def asked_for_the_return_policy(
+    caplog: pytest.LogCaptureFixture,
+) -> AsyncIterator[tuple[Conversation, Any]]:
+    """A conversation with the StatefulAgent (its log read at INFO), just asked for the return
+    policy; yields it and the agent."""
+    caplog.set_level(logging.INFO, logger=logger.name)
+    async with Conversation(setup_with(StatefulAgent)) as conv:
+        agent = conv.node("stateful-agent")
+        await conv.say("What's your return policy?")
+        yield conv, agent
 
 
 async def test_stateful_agent_logs_progress_at_the_interrupt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger=logger.name)
-    async with Conversation(stateful_setup) as conv:
-        agent = conv.node("stateful-agent")
-        await conv.say("What's your return policy?")
+    async with asked_for_the_return_policy(caplog) as (conv, agent):
         # The consumer has taken the first sentence; the node waits to hand over the second.
         first = await conv.next(SDKAgentLLMResponseChunkEvent)
         assert first.text == "Let me explain our return policy. "
@@ -414,10 +422,7 @@ async def test_stateful_agent_logs_progress_at_the_interrupt(
 async def test_stateful_agent_uninterrupted_logs_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger=logger.name)
-    async with Conversation(stateful_setup) as conv:
-        agent = conv.node("stateful-agent")
-        await conv.say("What's your return policy?")
+    async with asked_for_the_return_policy(caplog) as (conv, agent):
         text = await conv.response()
         assert text.endswith("Refunds are processed within 5 business days.")
         assert agent.task_progress == 100 and agent.current_task is None
