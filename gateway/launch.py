@@ -94,13 +94,20 @@ async def start_worker(gateway: GatewayApp, run: Callable[[asyncio.Event], Any],
     return worker
 
 
+def _config(args: argparse.Namespace, command: str) -> ConfigHolder | None:
+    """The config of ``callgate COMMAND``; None, said on stderr, when it is bad. A reload must
+    build every agent graph too: the check is the workers' (nodes/)."""
+    try:
+        return ConfigHolder(args.config, validate=check_agents)
+    except ConfigError as exc:
+        print(f"callgate {command}: bad config:\n{exc}", file=sys.stderr)
+        return None
+
+
 def serve(args: argparse.Namespace) -> int:
     """``callgate serve``: the gateway, plus an in-process worker unless ``--no-worker``."""
-    try:
-        # A reload must build every agent graph: the check is the workers' (nodes/).
-        holder = ConfigHolder(args.config, validate=check_agents)
-    except ConfigError as exc:
-        print(f"callgate serve: bad config:\n{exc}", file=sys.stderr)
+    holder = _config(args, "serve")
+    if holder is None:
         return 1
     cfg = holder.current
     try:
@@ -222,10 +229,8 @@ async def _serve_until_drained(app: web.Application, sock: socket.socket,
 
 def run_worker(args: argparse.Namespace) -> int:
     """``callgate worker --redis URL``: a session-worker process."""
-    try:
-        holder = ConfigHolder(args.config, validate=check_agents)
-    except ConfigError as exc:
-        print(f"callgate worker: bad config:\n{exc}", file=sys.stderr)
+    holder = _config(args, "worker")
+    if holder is None:
         return 1
 
     try:

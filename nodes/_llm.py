@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Generic, Literal, Self, TypeVar, overload
 
 import openai
 from openai import AsyncOpenAI
@@ -90,6 +90,77 @@ class ChatResponse:
     usage: dict[str, int] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _ChatRequest:
+    """One ``chat`` call's arguments, as ``_ChatClient.chat`` hands them to ``_chat``."""
+
+    messages: list[dict[str, Any]]
+    stream: bool
+    tools: list[dict[str, Any]] | None
+    overrides: dict[str, Any]
+
+
+_StreamT = TypeVar("_StreamT")
+_CallT = TypeVar("_CallT")
+
+
+class _ChatClient(Generic[_StreamT, _CallT]):
+    """What ``OpenAIClient`` and ``nodes.ScriptedLLM`` share: ``chat``, typed by ``stream`` (a
+    ``_StreamT`` with ``stream=True``, else a ``_CallT``) and answered by the subclass's
+    ``_chat``; and ``async with`` closing the client at its end."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release what the client holds (here: nothing)."""
+
+    @overload
+    def chat(
+        self,
+        messages: Iterable[dict[str, Any]],
+        stream: Literal[True],
+        tools: list[dict[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> _StreamT: ...
+
+    @overload
+    def chat(
+        self,
+        messages: Iterable[dict[str, Any]],
+        stream: Literal[False] = False,
+        tools: list[dict[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> _CallT: ...
+
+    def chat(
+        self,
+        messages: Iterable[dict[str, Any]],
+        stream: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> _StreamT | _CallT:
+        """Request a chat completion.
+
+        Args:
+            messages: OpenAI-format messages (copied when called).
+            stream: Stream the reply as ``ChatChunk``s.
+            tools: Tool schemas, e.g. ``ToolRegistry.get_schemas()``.
+            **overrides: Request parameters for this call only.
+
+        Returns:
+            With ``stream=True`` a stream of ``ChatChunk``s (also awaitable, giving itself);
+            otherwise an awaitable of ``ChatResponse``.
+        """
+        return self._chat(_ChatRequest(list(messages), stream, tools, overrides))
+
+    def _chat(self, request: _ChatRequest) -> _StreamT | _CallT:
+        raise NotImplementedError
+
+
 class ChatStream:
     """A streamed chat completion: ``async for`` it (the request starts on first iteration)."""
 
@@ -125,7 +196,7 @@ class _ChatCall:
         return self._client._complete(self._params).__await__()
 
 
-class OpenAIClient:
+class OpenAIClient(_ChatClient[ChatStream, _ChatCall]):
     """Chat client for OpenAI-compatible APIs, built on ``openai.AsyncOpenAI``.
 
     Args:
@@ -168,64 +239,22 @@ class OpenAIClient:
             )
         self._client = client
 
-    async def __aenter__(self) -> OpenAIClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Close the HTTP client (when this object built it)."""
         if self._owns_client:
             await self._client.close()
 
-    @overload
-    def chat(
-        self,
-        messages: Iterable[dict[str, Any]],
-        stream: Literal[True],
-        tools: list[dict[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> ChatStream: ...
-
-    @overload
-    def chat(
-        self,
-        messages: Iterable[dict[str, Any]],
-        stream: Literal[False] = False,
-        tools: list[dict[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> _ChatCall: ...
-
-    def chat(
-        self,
-        messages: Iterable[dict[str, Any]],
-        stream: bool = False,
-        tools: list[dict[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> ChatStream | _ChatCall:
-        """Request a chat completion.
-
-        Args:
-            messages: OpenAI-format messages (copied when the request is made).
-            stream: Stream the reply as ``ChatChunk``s.
-            tools: Tool schemas, e.g. ``ToolRegistry.get_schemas()``.
-            **overrides: Request parameters for this call only.
-
-        Returns:
-            With ``stream=True`` a ``ChatStream`` (also awaitable, giving itself); otherwise an
-            awaitable of ``ChatResponse``.
-        """
-        params: dict[str, Any] = {"model": self.model, "messages": list(messages)}
+    def _chat(self, request: _ChatRequest) -> ChatStream | _ChatCall:
+        params: dict[str, Any] = {"model": self.model, "messages": request.messages}
         if self.temperature is not None:
             params["temperature"] = self.temperature
         if self.max_tokens is not None:
             params["max_tokens"] = self.max_tokens
-        if tools:
-            params["tools"] = tools
+        if request.tools:
+            params["tools"] = request.tools
         params.update(self._defaults)
-        params.update({k: v for k, v in overrides.items() if v is not None})
-        if stream:
+        params.update({k: v for k, v in request.overrides.items() if v is not None})
+        if request.stream:
             params["stream"] = True
             params.setdefault("stream_options", {"include_usage": True})
             return ChatStream(self, params)

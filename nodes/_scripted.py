@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Generator, Iterable, Sequence
-from typing import Any, Literal, overload
+from collections.abc import AsyncIterator, Generator, Sequence
+from typing import Any
 
 from config import ScriptRule
 
-from ._llm import ChatChunk, ChatResponse, ToolCall
+from ._llm import ChatChunk, ChatResponse, ToolCall, _ChatClient, _ChatRequest
 
 __all__ = ["CONTROL_TOOLS", "HANDOVER_TOOL", "HANGUP_TOOL", "TRANSFER_TOOL", "ScriptedLLM"]
 
@@ -105,7 +105,7 @@ class _ScriptedCall:
         return response().__await__()
 
 
-class ScriptedLLM:
+class ScriptedLLM(_ChatClient[_ScriptedStream, _ScriptedCall]):
     """Answers from keyword rules, offline; a drop-in for ``OpenAIClient`` in declarative nodes.
 
     Args:
@@ -129,54 +129,10 @@ class ScriptedLLM:
         self._words_per_chunk = words_per_chunk
         self._calls = 0
 
-    async def __aenter__(self) -> ScriptedLLM:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Nothing to release (kept for symmetry with ``OpenAIClient``)."""
-
-    @overload
-    def chat(
-        self,
-        messages: Iterable[dict[str, Any]],
-        stream: Literal[True],
-        tools: list[dict[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> _ScriptedStream: ...
-
-    @overload
-    def chat(
-        self,
-        messages: Iterable[dict[str, Any]],
-        stream: Literal[False] = False,
-        tools: list[dict[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> _ScriptedCall: ...
-
-    def chat(
-        self,
-        messages: Iterable[dict[str, Any]],
-        stream: bool = False,
-        tools: list[dict[str, Any]] | None = None,
-        **overrides: Any,
-    ) -> _ScriptedStream | _ScriptedCall:
-        """Answer the conversation ``messages`` (read when called).
-
-        Args:
-            messages: OpenAI-format messages.
-            stream: Stream the reply as ``ChatChunk``s.
-            tools: Ignored (rules call only the control tools).
-            **overrides: Ignored.
-
-        Returns:
-            With ``stream=True`` a stream of ``ChatChunk``s (also awaitable, giving itself);
-            otherwise an awaitable of ``ChatResponse``.
-        """
-        reply, calls = self.answer(list(messages))
-        if not stream:
+    def _chat(self, request: _ChatRequest) -> _ScriptedStream | _ScriptedCall:
+        # ``tools`` and ``overrides`` are ignored: rules call only the control tools.
+        reply, calls = self.answer(request.messages)
+        if not request.stream:
             return _ScriptedCall(ChatResponse(content=reply or None, tool_calls=calls))
         chunks = [ChatChunk(content=piece) for piece in self._pieces(reply)]
         if calls:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import openai
@@ -186,18 +187,20 @@ class OpenAITranscriber(OpenAIClientOwner):
 
 
 
-class OpenAIStream(StreamLifecycle):
-    """One utterance for :class:`OpenAITranscriber`: buffered, uploaded by :meth:`finish`."""
+class _UploadableStream(StreamLifecycle):
+    """What both streams of :class:`OpenAITranscriber` share: the audio fed, kept for an
+    upload of the whole utterance, and that upload (a task :meth:`close` cancels)."""
 
     def __init__(self, owner: OpenAITranscriber, *, sample_rate: int) -> None:
         self._owner = owner
         self.sample_rate = sample_rate
-        self._audio = bytearray()
+        self._audio = bytearray()  # PCM16 as fed
         self._state = StreamState.OPEN
         self._request: asyncio.Task[Transcript] | None = None
 
     def feed(self, pcm16: bytes) -> None:
-        """Append audio (16-bit little-endian mono at the stream's rate).
+        """Append audio (16-bit little-endian mono at the stream's rate); a realtime stream
+        also queues it for its session.
 
         Raises:
             StreamFinishedError: ``finish()`` was already called.
@@ -205,6 +208,57 @@ class OpenAIStream(StreamLifecycle):
         """
         self._check_open()
         self._audio += pcm16
+        self._fed(pcm16)
+
+    def _fed(self, pcm16: bytes) -> None:
+        """After ``feed`` kept ``pcm16``: nothing more for an upload-only stream."""
+
+    def _start_finishing(self) -> bytes:
+        """``finish()`` begins: the audio fed, handed over once (a dangling half sample is
+        dropped)."""
+        self._check_open()
+        self._state = StreamState.FINISHING
+        audio = bytes(self._audio[: len(self._audio) & ~1])
+        self._audio = bytearray()
+        return audio
+
+    async def _upload(self, audio: bytes) -> Transcript:
+        """Transcribe ``audio`` by the file endpoint; a task, so close() can cancel the upload
+        from outside (the caller clears ``_request`` when it is over)."""
+        wav = encode_wav_pcm16(audio, sample_rate=self.sample_rate)
+        self._request = asyncio.ensure_future(self._owner.transcribe_wav(wav))
+        return await self._request
+
+    @contextlib.contextmanager
+    def _closed_meanwhile(self, when: str) -> Iterator[None]:
+        """Around what ``finish()`` waits for: a cancellation by :meth:`close` (not of the
+        caller's task) is ``StreamClosedError("transcription stream closed " + when)``; the
+        upload, if one was made, is over after it."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            if self._state is StreamState.CLOSED and not _current_task_cancelling():
+                raise StreamClosedError(f"transcription stream closed {when}") from None
+            raise
+        finally:
+            self._request = None
+
+    def _finished(self, transcript: Transcript) -> Transcript:
+        """``finish()`` ends with ``transcript`` (unless the stream was closed meanwhile)."""
+        if self._state is StreamState.FINISHING:
+            self._state = StreamState.FINISHED
+        return transcript
+
+    def close(self) -> None:
+        """Drop the audio and cancel an upload in flight; idempotent."""
+        self._state = StreamState.CLOSED
+        self._audio = bytearray()
+        if self._request is not None:
+            self._request.cancel()
+
+
+class OpenAIStream(_UploadableStream):
+    """One utterance for :class:`OpenAITranscriber`: buffered, uploaded by :meth:`finish`."""
 
     async def partial(self) -> Transcript | None:
         """Always ``None``: the endpoint only transcribes whole files.
@@ -224,37 +278,16 @@ class OpenAIStream(StreamLifecycle):
             StreamClosedError: The stream is closed, or was closed during the request.
             TranscriptionError: The request failed.
         """
-        self._check_open()
-        self._state = StreamState.FINISHING
-        audio = bytes(self._audio[: len(self._audio) & ~1])  # a dangling half sample is dropped
-        self._audio = bytearray()
+        audio = self._start_finishing()
         if not audio:
             self._state = StreamState.FINISHED
             return Transcript("", final=True)
-        wav = encode_wav_pcm16(audio, sample_rate=self.sample_rate)
-        # A task, so close() can cancel the upload from outside.
-        self._request = asyncio.ensure_future(self._owner.transcribe_wav(wav))
-        try:
-            transcript = await self._request
-        except asyncio.CancelledError:
-            if self._state is StreamState.CLOSED and not _current_task_cancelling():
-                raise StreamClosedError("transcription stream closed during the request") from None
-            raise
-        finally:
-            self._request = None
-        if self._state is StreamState.FINISHING:
-            self._state = StreamState.FINISHED
-        return transcript
-
-    def close(self) -> None:
-        """Drop the audio and cancel an upload in flight; idempotent."""
-        self._state = StreamState.CLOSED
-        self._audio = bytearray()
-        if self._request is not None:
-            self._request.cancel()
+        with self._closed_meanwhile("during the request"):
+            transcript = await self._upload(audio)
+        return self._finished(transcript)
 
 
-class OpenAIRealtimeStream(StreamLifecycle):
+class OpenAIRealtimeStream(_UploadableStream):
     """One utterance for :class:`OpenAITranscriber` with ``transport="realtime"``: its audio
     streamed over a Realtime transcription session as it is fed (module docstring).
 
@@ -264,10 +297,7 @@ class OpenAIRealtimeStream(StreamLifecycle):
     """
 
     def __init__(self, owner: OpenAITranscriber, *, sample_rate: int) -> None:
-        self._owner = owner
-        self.sample_rate = sample_rate
-        self._state = StreamState.OPEN
-        self._audio = bytearray()  # PCM16 as fed: the upload fallback's
+        super().__init__(owner, sample_rate=sample_rate)  # the audio: the upload fallback's
         self._encoder = UlawEncoder(sample_rate)
         self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()  # mu-law; None: commit
         self._text = ""  # the deltas so far
@@ -276,19 +306,10 @@ class OpenAIRealtimeStream(StreamLifecycle):
         self._failure: TranscriptionError | None = None
         self._ended = asyncio.Event()  # final or failure
         self.degraded: TranscriptionError | None = None
-        self._request: asyncio.Task[Transcript] | None = None
         self._session = asyncio.ensure_future(self._run())
 
     # -- the stream ---------------------------------------------------------------------
-    def feed(self, pcm16: bytes) -> None:
-        """Queue audio for the session (16-bit little-endian mono at the stream's rate).
-
-        Raises:
-            StreamFinishedError: ``finish()`` was already called.
-            StreamClosedError: The stream is closed.
-        """
-        self._check_open()
-        self._audio += pcm16
+    def _fed(self, pcm16: bytes) -> None:
         ulaw = self._encoder.push(pcm16)
         if ulaw and not self._ended.is_set():
             self._outbox.put_nowait(ulaw)
@@ -332,10 +353,7 @@ class OpenAIRealtimeStream(StreamLifecycle):
             StreamClosedError: The stream is closed, or was closed while waiting.
             TranscriptionError: The session failed and so did the upload.
         """
-        self._check_open()
-        self._state = StreamState.FINISHING
-        audio = bytes(self._audio[: len(self._audio) & ~1])
-        self._audio = bytearray()
+        audio = self._start_finishing()
         tail = self._encoder.flush()
         if not audio:
             self._session.cancel()
@@ -344,43 +362,32 @@ class OpenAIRealtimeStream(StreamLifecycle):
         if tail:
             self._outbox.put_nowait(tail)
         self._outbox.put_nowait(None)
-        try:
+        with self._closed_meanwhile("while waiting"):
             try:
-                await asyncio.wait_for(self._ended.wait(), self._owner.final_timeout)
-            except TimeoutError:
-                self._fail(TranscriptionError(
-                    f"no final transcript {self._owner.final_timeout:g} s after the commit"))
-            if self._state is StreamState.CLOSED:
-                raise StreamClosedError("transcription stream closed while waiting")
-            if self._final is not None:
-                transcript = Transcript(self._final.strip(), final=True)
-            else:
-                assert self._failure is not None
-                self.degraded = self._failure
-                log.warning("realtime transcription failed (%s); uploading the utterance",
-                            self._failure)
-                wav = encode_wav_pcm16(audio, sample_rate=self.sample_rate)
-                self._request = asyncio.ensure_future(self._owner.transcribe_wav(wav))
-                transcript = await self._request
-        except asyncio.CancelledError:
-            if self._state is StreamState.CLOSED and not _current_task_cancelling():
-                raise StreamClosedError("transcription stream closed while waiting") from None
-            raise
-        finally:
-            self._request = None
-            self._session.cancel()
-        if self._state is StreamState.FINISHING:
-            self._state = StreamState.FINISHED
-        return transcript
+                try:
+                    await asyncio.wait_for(self._ended.wait(), self._owner.final_timeout)
+                except TimeoutError:
+                    self._fail(TranscriptionError(
+                        f"no final transcript {self._owner.final_timeout:g} s after the commit"))
+                if self._state is StreamState.CLOSED:
+                    raise StreamClosedError("transcription stream closed while waiting")
+                if self._final is not None:
+                    transcript = Transcript(self._final.strip(), final=True)
+                else:
+                    assert self._failure is not None
+                    self.degraded = self._failure
+                    log.warning("realtime transcription failed (%s); uploading the utterance",
+                                self._failure)
+                    transcript = await self._upload(audio)
+            finally:
+                self._session.cancel()
+        return self._finished(transcript)
 
     def close(self) -> None:
         """Drop the audio, end the session and cancel a wait in progress; idempotent."""
-        self._state = StreamState.CLOSED
-        self._audio = bytearray()
+        super().close()
         self._session.cancel()
         self._changed.set()
-        if self._request is not None:
-            self._request.cancel()
         self._ended.set()  # a finish() waiting wakes, sees CLOSED
 
     # -- the session --------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from aiohttp import BodyPartReader, WSMsgType, web
 
-from .scripted_server import Mark, ScriptedServer, Wait, openai_error
+from .scripted_server import Mark, ScriptedReply, ScriptedServer, Wait, openai_error
 
 __all__ = [
     "AudioServer",
@@ -78,17 +78,7 @@ class RecordedAudioRequest:
 
 
 @dataclass(eq=False, slots=True)
-class _Reply:
-    status: int = 200
-    error_message: str = ""
-    request: RecordedAudioRequest | None = None
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass(eq=False, slots=True)
-class TranscriptionReply(_Reply):
+class TranscriptionReply(ScriptedReply):
     """One scripted transcription answer."""
 
     text: str = ""
@@ -96,7 +86,7 @@ class TranscriptionReply(_Reply):
 
 
 @dataclass(eq=False, slots=True)
-class SpeechReply(_Reply):
+class SpeechReply(ScriptedReply):
     """One scripted speech answer and what became of it."""
 
     steps: list[SpeechStep] = field(default_factory=list)
@@ -243,14 +233,9 @@ class AudioServer(ScriptedServer):
         reply = self._transcriptions.popleft()
         reply.request = recorded
         reply.started.set()
-        if reply.wait is not None:
-            try:
+        with self._streaming(reply):
+            if reply.wait is not None:
                 await reply.wait.wait()
-            except asyncio.CancelledError:
-                if not self._closing:
-                    reply.disconnected.set()
-                raise
-        reply.finished.set()
         if reply.status != 200:
             return openai_error(reply.status, reply.error_message, "server_error")
         if recorded.fields.get("response_format") == "text":
@@ -269,18 +254,14 @@ class AudioServer(ScriptedServer):
         for name in ("model", "input", "voice"):
             if not isinstance(body.get(name), str) or not body[name]:
                 return openai_error(400, f"you must provide a {name} parameter")
-        if not self._speech:
-            return openai_error(500, "openai_audio_server: no scripted speech left", "server_error")
-        reply = self._speech.popleft()
-        reply.request = recorded
-        reply.started.set()
-        if reply.status != 200:
-            reply.finished.set()
-            return openai_error(reply.status, reply.error_message, "server_error")
+        reply = self._start_reply(
+            self._speech, recorded, "openai_audio_server: no scripted speech left")
+        if isinstance(reply, web.Response):
+            return reply
         response = web.StreamResponse(headers={"Content-Type": reply.content_type})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        try:
+        with self._streaming(reply):
             for step in reply.steps:
                 if isinstance(step, bytes):
                     await response.write(step)
@@ -289,11 +270,6 @@ class AudioServer(ScriptedServer):
                 else:
                     step.event.set()
             await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            if not self._closing:
-                reply.disconnected.set()
-            raise
-        reply.finished.set()
         return response
 
     # -- the realtime transcription session ----------------------------------------------

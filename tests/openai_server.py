@@ -23,15 +23,14 @@ message before it; a violation is a 400 with OpenAI's error body.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from .scripted_server import Mark, ScriptedServer, Wait, openai_error
+from .scripted_server import Mark, ScriptedReply, ScriptedServer, Wait, openai_error
 
 __all__ = [
     "Mark",
@@ -76,17 +75,11 @@ class RecordedRequest:
 
 
 @dataclass(eq=False, slots=True)
-class ScriptedResponse:
-    """One scripted answer and what became of it."""
+class ScriptedResponse(ScriptedReply):
+    """One scripted answer and what became of it (``request``: a ``RecordedRequest``)."""
 
     steps: list[Step]
     finish_reason: str | None = None
-    status: int = 200
-    error_message: str = ""
-    request: RecordedRequest | None = None
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def text(self) -> str:
@@ -182,14 +175,9 @@ class OpenAIServer(ScriptedServer):
             return openai_error(400, problem)
         recorded = RecordedRequest(request.path, dict(request.headers), body)
         self.requests.append(recorded)
-        if not self._queue:
-            return openai_error(500, "openai_server: no scripted response left", "server_error")
-        reply = self._queue.popleft()
-        reply.request = recorded
-        reply.started.set()
-        if reply.status != 200:
-            reply.finished.set()
-            return openai_error(reply.status, reply.error_message, "server_error")
+        reply = self._start_reply(self._queue, recorded, "openai_server: no scripted response left")
+        if isinstance(reply, web.Response):
+            return reply
         self._counter += 1
         completion_id = f"chatcmpl-test{self._counter:06d}"
         if body.get("stream"):
@@ -284,7 +272,7 @@ class OpenAIServer(ScriptedServer):
             text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
             await response.write(f"data: {text}\n\n".encode())
 
-        try:
+        with self._streaming(reply):
             await send(chunk({"role": "assistant", "content": "", "refusal": None}))
             call_index = 0
             for step in reply.steps:
@@ -323,9 +311,4 @@ class OpenAIServer(ScriptedServer):
                 )
             await send("[DONE]")
             await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            if not self._closing:
-                reply.disconnected.set()
-            raise
-        reply.finished.set()
         return response

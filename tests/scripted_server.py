@@ -6,13 +6,15 @@ cancels the ones still streaming)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from aiohttp import web
 
-__all__ = ["Mark", "ScriptedServer", "Wait", "openai_error"]
+__all__ = ["Mark", "ScriptedReply", "ScriptedServer", "Wait", "openai_error"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -29,6 +31,19 @@ class Mark:
     """Set ``event`` once everything before this step has been written."""
 
     event: asyncio.Event
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class ScriptedReply:
+    """What every scripted answer has: an error to answer with instead (``status`` other than
+    200), the request it answered, and what became of it."""
+
+    status: int = 200
+    error_message: str = ""
+    request: Any = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
@@ -97,3 +112,30 @@ class ScriptedServer:
                 self._handlers.discard(task)
 
         return tracked
+
+    @staticmethod
+    def _start_reply(queue: deque[Any], recorded: Any, none_left: str) -> Any:
+        """The next scripted reply of ``queue``, started for the ``recorded`` request; or the
+        answer to send instead: a 500 saying ``none_left`` when the queue is empty, the scripted
+        error (the reply finished at once) when the reply is one."""
+        if not queue:
+            return openai_error(500, none_left, "server_error")
+        reply = queue.popleft()
+        reply.request = recorded
+        reply.started.set()
+        if reply.status != 200:
+            reply.finished.set()
+            return openai_error(reply.status, reply.error_message, "server_error")
+        return reply
+
+    @contextlib.contextmanager
+    def _streaming(self, reply: ScriptedReply) -> Iterator[None]:
+        """Around sending ``reply``: ``disconnected`` when the client goes away meanwhile (not
+        when the server is closing), ``finished`` when all of it was sent."""
+        try:
+            yield
+        except (asyncio.CancelledError, ConnectionResetError):
+            if not self._closing:
+                reply.disconnected.set()
+            raise
+        reply.finished.set()

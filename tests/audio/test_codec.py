@@ -31,19 +31,10 @@ from audio import (
     write_wav_ulaw,
 )
 
-# The corpus lives in ../shared next to the checkout, or in shared/ inside it.
-_ROOT = Path(__file__).resolve().parents[2]
-RECORDINGS = next(
-    (
-        p
-        for p in (_ROOT.parent / "shared" / "recordings", _ROOT / "shared" / "recordings")
-        if p.is_dir()
-    ),
-    _ROOT.parent / "shared" / "recordings",
-)
-needs_recordings = pytest.mark.skipif(
-    not RECORDINGS.is_dir(), reason="../shared/recordings is not present"
-)
+from ..common import SHARED_RECORDINGS as RECORDINGS
+from ..common import assert_exports_complete
+from ..common import needs_shared_recordings as needs_recordings
+
 ALL_CODES = bytes(range(256))
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16).tobytes()
 
@@ -62,13 +53,7 @@ def _pcm_wav(path: Path, pcm: bytes, *, rate: int, channels: int, width: int = 2
 
 
 def test_exports_are_complete() -> None:
-    defined = {
-        name
-        for name, obj in vars(audio).items()
-        if not name.startswith("_") and getattr(obj, "__module__", None) == audio.__name__
-    }
-    assert defined <= set(audio.__all__)
-    assert all(hasattr(audio, name) for name in audio.__all__)
+    assert_exports_complete(audio)
 
 
 # --- mu-law <-> PCM16 ------------------------------------------------------------------------

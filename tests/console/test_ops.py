@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bus import EmbeddedBus
+from bus import EmbeddedBus, Event
 from gateway.client import play_call
 from gateway.ops import OpsSettings
 from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
 from tests import recordings_index as rec
+from tests.bus_agents import say, serve
 from vad import VadEngine
 
 OPS = "ops-token-for-tests"
@@ -40,27 +41,22 @@ async def server() -> AsyncIterator[tuple[TestServer, GatewayApp]]:
 async def _talking_worker(ready: asyncio.Event, ms_per_char: int = 20) -> list[str]:
     """Says SENTENCES as one utterance when the call starts, text spans with the audio."""
     seen: list[str] = []
+    spans: list[dict[str, Any]] = []
+    at = 0
+    for s in SENTENCES:
+        audio = b"\xff" * (8 * ms_per_char * len(s))
+        spans.append({"payload": base64.b64encode(audio).decode(),
+                      "text": s, "text_start": at, "text_end": at + len(s)})
+        at += len(s)
+
+    async def react(sid: str, event: Event) -> None:
+        seen.append(event["type"])
+        if event["type"] == "call_started":
+            await say(bus, sid, *spans, interruptible=False)
+
     async with EmbeddedBus() as bus:
         ready.set()
-        async for call in bus.claim_calls("w1"):
-            async for m in bus.uplink(call.call_sid, "w1"):
-                seen.append(m.event["type"])
-                if m.event["type"] == "call_started":
-                    sid = call.call_sid
-                    await bus.send(sid, {"type": "utterance_start", "utterance_id": "u1",
-                                         "node": "greeter", "interruptible": False})
-                    at = 0
-                    for s in SENTENCES:
-                        audio = b"\xff" * (8 * ms_per_char * len(s))
-                        await bus.send(sid, {"type": "audio", "utterance_id": "u1",
-                                             "payload": base64.b64encode(audio).decode(),
-                                             "text": s, "text_start": at,
-                                             "text_end": at + len(s)})
-                        at += len(s)
-                    await bus.send(sid, {"type": "utterance_end", "utterance_id": "u1"})
-                await bus.ack(call.call_sid, m.id)
-                if m.event["type"] == "call_ended":
-                    return seen
+        await serve(bus, "w1", react)
     return seen
 
 

@@ -16,11 +16,12 @@ import pytest
 from aiohttp.test_utils import TestServer
 from twilio.request_validator import RequestValidator
 
-from bus import EmbeddedBus
+from bus import EmbeddedBus, Event
 from gateway import call as call_module
 from gateway import twilio_protocol as tp
 from gateway.logs import RateLimitedLog
 from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
+from tests.bus_agents import say, serve
 from vad import VadEngine
 
 AUTH = "test-auth-token-0123456789abcdef"
@@ -168,19 +169,14 @@ signed = pytest.fixture(name="signed")(make_server())
 
 async def _greeting_worker(ready: asyncio.Event, seen: list[str]) -> None:
     """A worker on the embedded bus that greets every call it gets with 1 s of audio."""
+    async def react(sid: str, event: Event) -> None:
+        seen.append(event["type"])
+        if event["type"] == "call_started":
+            await say(bus, sid, {"payload": base64.b64encode(b"\xff" * 8000).decode()})
+
     async with EmbeddedBus() as bus:
         ready.set()
-        async for call in bus.claim_calls("w1"):
-            async for m in bus.uplink(call.call_sid, "w1"):
-                seen.append(m.event["type"])
-                if m.event["type"] == "call_started":
-                    await bus.send(call.call_sid, {"type": "utterance_start", "utterance_id": "u1",
-                                                   "node": "greeter", "interruptible": True})
-                    await bus.send(call.call_sid, {
-                        "type": "audio", "utterance_id": "u1",
-                        "payload": base64.b64encode(b"\xff" * 8000).decode()})
-                    await bus.send(call.call_sid, {"type": "utterance_end", "utterance_id": "u1"})
-                await bus.ack(call.call_sid, m.id)
+        await serve(bus, "w1", react, until_call_ended=False)
 
 
 def media(k: int, stream: int = 3) -> str:

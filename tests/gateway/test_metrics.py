@@ -11,33 +11,28 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 
-from bus import CallInfo, EmbeddedBus
+from bus import CallInfo, EmbeddedBus, Event
 from gateway.client import play_call
 from gateway.server import GATEWAY_KEY, GatewaySettings, build_app
 from tests import recordings_index as rec
+from tests.bus_agents import say, serve
 from vad import VadEngine
 
 
 async def _worker(ready: asyncio.Event, interrupted: asyncio.Event,
                   on_interrupt: Callable[[], None] = lambda: None) -> None:
+    async def react(sid: str, event: Event) -> None:
+        kind = event["type"]
+        if kind == "call_started":
+            audio = base64.b64encode(b"\xfe" * 8 * 7000).decode()  # 7 s, near silence
+            await say(bus, sid, {"payload": audio}, utterance_id="u", node="n")
+        elif kind == "interrupt":
+            on_interrupt()
+            interrupted.set()
+
     async with EmbeddedBus() as bus:
         ready.set()
-        async for call in bus.claim_calls("w"):
-            async for m in bus.uplink(call.call_sid, "w"):
-                kind = m.event["type"]
-                if kind == "call_started":
-                    audio = base64.b64encode(b"\xfe" * 8 * 7000).decode()  # 7 s, near silence
-                    await bus.send(call.call_sid, {"type": "utterance_start", "utterance_id": "u",
-                                                   "node": "n", "interruptible": True})
-                    await bus.send(call.call_sid, {"type": "audio", "utterance_id": "u",
-                                                   "payload": audio})
-                    await bus.send(call.call_sid, {"type": "utterance_end", "utterance_id": "u"})
-                elif kind == "interrupt":
-                    on_interrupt()
-                    interrupted.set()
-                await bus.ack(call.call_sid, m.id)
-                if kind == "call_ended":
-                    return
+        await serve(bus, "w", react)
 
 
 def _value(text: str, name: str) -> float:

@@ -13,6 +13,7 @@ from bus import RedisBus
 from gateway.replay import replay
 from gateway.timeline import Timeline
 from tests import recordings_index as rec
+from tests.bus_agents import recording, serve
 from tests.gateway.conftest import _script
 from tests.redis_server import RedisServer, make_redis_server  # noqa: F401 (fixture)
 
@@ -22,12 +23,7 @@ pytestmark = pytest.mark.redis
 async def _worker(url: str, got: list[dict[str, Any]], ready: asyncio.Event) -> None:
     async with RedisBus(url) as bus:
         ready.set()
-        async for call in bus.claim_calls("w1"):
-            async for m in bus.uplink(call.call_sid, "w1"):
-                got.append(m.event)
-                await bus.ack(call.call_sid, m.id)
-                if m.event["type"] == "call_ended":
-                    return
+        await serve(bus, "w1", recording(got))
 
 
 async def test_barge_in_during_a_redis_outage(make_redis_server: Callable[..., RedisServer]) -> None:

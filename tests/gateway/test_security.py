@@ -25,6 +25,8 @@ from gateway.security import (
     WrongCallToken,
 )
 
+from ..common import assert_exports_complete
+
 AUTH_TOKEN = "12345678901234567890123456789012"
 WS_URL = "wss://gw.example.com/twilio/media"
 VOICE_URL = "https://gw.example.com/twilio/voice"
@@ -50,13 +52,7 @@ def validator() -> SignatureValidator:
 
 
 def test_exports_are_complete() -> None:
-    defined = {
-        name
-        for name, obj in vars(security).items()
-        if not name.startswith("_") and getattr(obj, "__module__", None) == security.__name__
-    }
-    assert defined <= set(security.__all__)
-    assert all(hasattr(security, name) for name in security.__all__)
+    assert_exports_complete(security)
     assert SIGNATURE_HEADER == "X-Twilio-Signature"
 
 

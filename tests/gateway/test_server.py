@@ -13,11 +13,12 @@ import pytest
 from aiohttp.test_utils import TestServer
 from twilio.request_validator import RequestValidator
 
-from bus import EmbeddedBus
+from bus import EmbeddedBus, Event
 from gateway.call import CallSettings
 from gateway.client import play_call
 from gateway.server import GATEWAY_KEY, GatewayApp, GatewaySettings, build_app
 from tests import recordings_index as rec
+from tests.bus_agents import say, serve
 from vad import VadEngine
 
 AUTH = "test-auth-token-0123456789abcdef"
@@ -173,21 +174,16 @@ async def test_a_replayed_upgrade_is_refused_before_it_holds_a_socket(server: An
 async def _speaking_worker(text_ms: int, ready: asyncio.Event) -> dict[str, Any]:
     """A minimal worker on the embedded bus: says one utterance when the call starts."""
     seen: dict[str, Any] = {"types": []}
+    audio = b"\xff" * (8 * text_ms)
+
+    async def react(sid: str, event: Event) -> None:
+        seen["types"].append(event["type"])
+        if event["type"] == "call_started":
+            await say(bus, sid, {"payload": base64.b64encode(audio).decode()})
+
     async with EmbeddedBus() as bus:
         ready.set()
-        async for call in bus.claim_calls("w1"):
-            async for m in bus.uplink(call.call_sid, "w1"):
-                seen["types"].append(m.event["type"])
-                if m.event["type"] == "call_started":
-                    await bus.send(call.call_sid, {"type": "utterance_start", "utterance_id": "u1",
-                                                   "node": "greeter", "interruptible": True})
-                    audio = b"\xff" * (8 * text_ms)
-                    await bus.send(call.call_sid, {"type": "audio", "utterance_id": "u1",
-                                                   "payload": base64.b64encode(audio).decode()})
-                    await bus.send(call.call_sid, {"type": "utterance_end", "utterance_id": "u1"})
-                await bus.ack(call.call_sid, m.id)
-                if m.event["type"] == "call_ended":
-                    return seen
+        await serve(bus, "w1", react)
     return seen
 
 

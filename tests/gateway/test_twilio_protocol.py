@@ -47,19 +47,9 @@ from gateway.twilio_protocol import (
     parse_outbound,
 )
 
-# The corpus lives in ../shared next to the checkout, or in shared/ inside it.
-_ROOT = Path(__file__).resolve().parents[2]
-RECORDINGS = next(
-    (
-        p
-        for p in (_ROOT.parent / "shared" / "recordings", _ROOT / "shared" / "recordings")
-        if p.is_dir()
-    ),
-    _ROOT.parent / "shared" / "recordings",
-)
-needs_recordings = pytest.mark.skipif(
-    not RECORDINGS.is_dir(), reason="../shared/recordings is not present"
-)
+from ..common import SHARED_RECORDINGS as RECORDINGS
+from ..common import assert_exports_complete
+from ..common import needs_shared_recordings as needs_recordings
 
 # Copied verbatim from ../shared/recordings so the suite stands on its own.
 SID = "MZe72b5b8d159072e94b0db809ba700613"
@@ -98,13 +88,7 @@ GOLDEN_LINES = [GOLDEN_CONNECTED, GOLDEN_START, GOLDEN_MEDIA, GOLDEN_DTMF, GOLDE
 
 
 def test_exports_are_complete() -> None:
-    defined = {
-        name
-        for name, obj in vars(tp).items()
-        if not name.startswith("_") and getattr(obj, "__module__", None) == tp.__name__
-    }
-    assert defined <= set(tp.__all__)
-    assert all(hasattr(tp, name) for name in tp.__all__)
+    assert_exports_complete(tp)
 
 
 # --- golden lines -------------------------------------------------------------------------------
@@ -706,20 +690,14 @@ def test_mutated_valid_frames_raise_only_protocol_errors(frame: Any, data: st.Da
             parent[path[-1]] = data.draw(odd_values, label="value")
     text = json.dumps(frame)
     # Whatever parses must survive a round trip through the builders.
-    try:
-        inbound = parse_message(text, max_payload_bytes=SMALL_CAP)
-    except ProtocolError as exc:
-        event(f"parse_message: {type(exc).__name__}")
-    else:
-        event(f"parse_message: parsed {inbound.event}")
-        assert parse_message(encode_message(inbound), max_payload_bytes=SMALL_CAP) == inbound
-    try:
-        outbound = parse_outbound(text, max_payload_bytes=SMALL_CAP)
-    except ProtocolError as exc:
-        event(f"parse_outbound: {type(exc).__name__}")
-    else:
-        event(f"parse_outbound: parsed {outbound.event}")
-        assert parse_outbound(encode_outbound(outbound), max_payload_bytes=SMALL_CAP) == outbound
+    for parse, encode in ((parse_message, encode_message), (parse_outbound, encode_outbound)):
+        try:
+            parsed = parse(text, max_payload_bytes=SMALL_CAP)
+        except ProtocolError as exc:
+            event(f"{parse.__name__}: {type(exc).__name__}")
+        else:
+            event(f"{parse.__name__}: parsed {parsed.event}")
+            assert parse(encode(parsed), max_payload_bytes=SMALL_CAP) == parsed
 
 
 def test_errors_pickle() -> None:

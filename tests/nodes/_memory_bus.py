@@ -84,13 +84,18 @@ class MemoryBus(Bus):
         self.hub.claimable.append(call.call_sid)
         self.hub.notify_claim()
 
-    async def publish(self, call_sid: str, event: Event) -> str:
+    def _append(self, call_sid: str, event: Event, *, uplink: bool) -> str:
+        """Stamp ``event`` and add it to the call's uplink or downlink (unless the call is
+        closed); its eid."""
         stamped = self._stamp_event(event)
         state = self.hub.call(call_sid)
         if not state.closed:
-            state.up.append(stamped)
+            (state.up if uplink else state.down).append(stamped)
             state.notify()
         return str(stamped["eid"])
+
+    async def publish(self, call_sid: str, event: Event) -> str:
+        return self._append(call_sid, event, uplink=True)
 
     async def downlink(self, call_sid: str) -> AsyncIterator[BusMessage]:
         state = self.hub.call(call_sid)
@@ -155,12 +160,7 @@ class MemoryBus(Bus):
         self.hub.call(call_sid).pending.discard(int(message_id.split("-")[1]) - 1)
 
     async def send(self, call_sid: str, event: Event) -> str:
-        stamped = self._stamp_event(event)
-        state = self.hub.call(call_sid)
-        if not state.closed:
-            state.down.append(stamped)
-            state.notify()
-        return str(stamped["eid"])
+        return self._append(call_sid, event, uplink=False)
 
     async def save_context(
         self, call_sid: str, context: dict[str, Any], *, through: str | None = None

@@ -7,6 +7,7 @@ The bus is ``bus.EmbeddedBus`` when the bus package exports it, else the in-test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 import bus as bus_pkg
 from bus import Bus, CallInfo, Event
-from nodes import OpenAIClient, SessionWorker
+from nodes import AgentSession, Node, OpenAIClient, SessionWorker, SetupFn
 
 from ..openai_server import OpenAIServer
 from ._memory_bus import MemoryBus, MemoryHub
@@ -121,3 +122,30 @@ class Line:
 async def open_line(bus: Bus, call_sid: str = "CA0001", **info: Any) -> Line:
     await bus.open_call(CallInfo(call_sid=call_sid, **info))
     return Line(bus, call_sid)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    bus: Bus, agent_factory: Callable[[CallInfo], SetupFn], **options: Any
+) -> AsyncIterator[SessionWorker]:
+    """``SessionWorker(bus, agent_factory=..., **options)`` running in a task for the block;
+    cancelled (with the hang guard) and closed after it."""
+    worker = SessionWorker(bus, agent_factory=agent_factory, **options)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        task.cancel()
+        await guard(asyncio.wait({task}))
+        await worker.aclose()
+
+
+def setup_with(make_node: Callable[[], Node]) -> SetupFn:
+    """The setup of an agent of one node, ``make_node()`` (called once per session)."""
+
+    async def setup(session: AgentSession) -> None:
+        session.add_node(make_node())
+        await session.start()
+        await session.wait_until_complete()
+
+    return setup

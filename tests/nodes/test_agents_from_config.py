@@ -34,6 +34,7 @@ from nodes import (
 
 from ..openai_server import OpenAIServer, Text, ToolCallStep, Wait
 from .conftest import Line, guard, open_line
+from .conftest import running as running_worker
 
 MS_PER_CHAR = 2
 HERE = "tests.nodes.test_agents_from_config"
@@ -159,19 +160,9 @@ class AckedBus(EmbeddedBus):
 async def running(
     bus: Bus, agent_factory: Callable[[CallInfo], SetupFn], synthesizer: Any = None
 ) -> AsyncIterator[SessionWorker]:
-    worker = SessionWorker(
-        bus,
-        agent_factory=agent_factory,
-        worker_id="w-config",
-        synthesizer=synthesizer or ToneSynthesizer(MS_PER_CHAR),
-    )
-    task = asyncio.create_task(worker.run())
-    try:
+    async with running_worker(bus, agent_factory, worker_id="w-config",
+                              synthesizer=synthesizer or ToneSynthesizer(MS_PER_CHAR)) as worker:
         yield worker
-    finally:
-        task.cancel()
-        await asyncio.wait({task})
-        await worker.aclose()
 
 
 async def utterance(line: Line, **match: Any) -> tuple[Event, Event]:

@@ -9,11 +9,10 @@ import pytest
 
 from bus import Bus
 from bus import protocol as bp
-from nodes import AgentSession
 
 from ..openai_server import OpenAIServer, Text
 from . import test_seed_snippets as seed
-from .conftest import open_line
+from .conftest import open_line, setup_with
 from .test_worker_functional import Worker, seed_llm  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.usefixtures("seed_llm")
@@ -24,13 +23,8 @@ async def test_undecodable_uplink_events_are_logged_and_skipped(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="nodes._worker")
 
-    async def setup(session: AgentSession) -> None:
-        session.add_node(seed.MyAgent())
-        await session.start()
-        await session.wait_until_complete()
-
     openai_server.respond(Text("Hello there."))
-    async with Worker(bus, setup) as worker:
+    async with Worker(bus, setup_with(seed.MyAgent)) as worker:
         line = await open_line(bus, "CA7100")
         await line.publish({"type": "interrupt", "utterance_id": "u", "heard_ms": "soon"})
         await line.publish({**bp.encode(bp.Transcript(text="from a newer fleet")), "v": "2.0"})

@@ -6,15 +6,16 @@ each time its generator runs on, which reports had been sent by then.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from bus import Bus
 from nodes import AgentSession, OutputAgentNode, SessionWorker, ToneSynthesizer
 
-from .conftest import Line, guard, open_line
+from .conftest import Line, open_line, running
 
 MS_PER_CHAR = 10
 CHUNK = "x" * 30 + " "  # 310 ms of audio
@@ -34,14 +35,12 @@ class Counter(OutputAgentNode):
         self.pulled_at.append(list(self.reported))
 
 
-async def _audio_until(line: Line, uid: str, audio_ms: float) -> None:
-    while True:
-        event = await line.next("audio", utterance_id=uid)
-        if event["audio_ms"] >= audio_ms:
-            return
-
-
-async def test_next_chunk_waits_for_the_caller_to_be_within_the_lookahead(bus: Bus) -> None:
+@contextlib.asynccontextmanager
+async def counting(
+    bus: Bus, **options: Any
+) -> AsyncIterator[tuple[SessionWorker, list[Counter], list[float]]]:
+    """A worker whose every call is one ``Counter``: yields it, the counters made and the list
+    of ``heard_ms`` reports the test sent (which the counters read)."""
     reported: list[float] = []
     nodes: list[Counter] = []
 
@@ -52,10 +51,20 @@ async def test_next_chunk_waits_for_the_caller_to_be_within_the_lookahead(bus: B
         await session.start()
         await session.wait_until_complete()
 
-    worker = SessionWorker(bus, agent_factory=lambda call: setup, worker_id="w-pace",
-                           synthesizer=ToneSynthesizer(MS_PER_CHAR), lookahead_ms=LOOKAHEAD_MS)
-    task = asyncio.create_task(worker.run())
-    try:
+    async with running(bus, lambda call: setup, **options) as worker:
+        yield worker, nodes, reported
+
+
+async def _audio_until(line: Line, uid: str, audio_ms: float) -> None:
+    while True:
+        event = await line.next("audio", utterance_id=uid)
+        if event["audio_ms"] >= audio_ms:
+            return
+
+
+async def test_next_chunk_waits_for_the_caller_to_be_within_the_lookahead(bus: Bus) -> None:
+    async with counting(bus, worker_id="w-pace", synthesizer=ToneSynthesizer(MS_PER_CHAR),
+                        lookahead_ms=LOOKAHEAD_MS) as (worker, nodes, reported):
         line = await open_line(bus, "CA7001")
         await line.publish({"type": "call_started"})
         await line.publish({"type": "transcript", "text": "tell me", "final": True})
@@ -86,37 +95,17 @@ async def test_next_chunk_waits_for_the_caller_to_be_within_the_lookahead(bus: B
             [150.0, chunk_ms - 90, 2 * chunk_ms - LOOKAHEAD_MS, 3 * chunk_ms - 10],
         ]
         await line.end(worker)
-    finally:
-        task.cancel()
-        await guard(asyncio.wait({task}))
-        await worker.aclose()
 
 
 async def test_without_a_lookahead_chunks_are_pulled_as_synthesized(bus: Bus) -> None:
-    reported: list[float] = []
-    nodes: list[Counter] = []
-
-    async def setup(session: AgentSession) -> None:
-        node = Counter(reported)
-        nodes.append(node)
-        session.add_node(node)
-        await session.start()
-        await session.wait_until_complete()
-
-    worker = SessionWorker(bus, agent_factory=lambda call: setup, worker_id="w-nopace",
-                           synthesizer=ToneSynthesizer(MS_PER_CHAR))
-    task = asyncio.create_task(worker.run())
-    try:
+    async with counting(bus, worker_id="w-nopace",
+                        synthesizer=ToneSynthesizer(MS_PER_CHAR)) as (worker, nodes, _):
         line = await open_line(bus, "CA7002")
         await line.publish({"type": "transcript", "text": "tell me", "final": True})
         end = await line.next("utterance_end")
         assert end["text"] == CHUNK * 3  # no playback report was needed
         assert nodes[0].pulled_at == [[], [], [], []]
         await line.end(worker)
-    finally:
-        task.cancel()
-        await guard(asyncio.wait({task}))
-        await worker.aclose()
 
 
 async def test_a_gateway_that_reports_nothing_stalls_the_node_only_for_a_while(
@@ -124,20 +113,8 @@ async def test_a_gateway_that_reports_nothing_stalls_the_node_only_for_a_while(
 ) -> None:
     """A gateway that never reports progress (too old, or its reports lost): each next chunk
     comes anyway, a grace after the unheard audio would have played, with a warning."""
-    reported: list[float] = []
-    nodes: list[Counter] = []
-
-    async def setup(session: AgentSession) -> None:
-        node = Counter(reported)
-        nodes.append(node)
-        session.add_node(node)
-        await session.start()
-        await session.wait_until_complete()
-
-    worker = SessionWorker(bus, agent_factory=lambda call: setup, worker_id="w-stall",
-                           synthesizer=ToneSynthesizer(1), lookahead_ms=0.0)
-    task = asyncio.create_task(worker.run())
-    try:
+    async with counting(bus, worker_id="w-stall", synthesizer=ToneSynthesizer(1),
+                        lookahead_ms=0.0) as (worker, _, _):
         line = await open_line(bus, "CA7003")
         await line.publish({"type": "transcript", "text": "tell me", "final": True})
         end = await line.next("utterance_end")
@@ -145,7 +122,3 @@ async def test_a_gateway_that_reports_nothing_stalls_the_node_only_for_a_while(
         stalls = [m for m in caplog.messages if "no playback progress from the gateway" in m]
         assert len(stalls) == 3  # before chunks 2 and 3, and before the generator's end
         await line.end(worker)
-    finally:
-        task.cancel()
-        await guard(asyncio.wait({task}))
-        await worker.aclose()

@@ -10,6 +10,7 @@ for ``MyAgent._generate_normal``; tests subclass the agents where the seed leave
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -34,7 +35,7 @@ from nodes import (
 )
 
 from ..openai_server import OpenAIServer, Text, ToolCallStep, Wait
-from .conftest import guard
+from .conftest import guard, setup_with
 
 logger = logging.getLogger("tests.nodes.seed")
 
@@ -361,10 +362,7 @@ async def test_payment_agent_is_never_cancelled() -> None:
     agent = CardPayment()
     assert agent.name == "payment-agent" and not agent.is_interruptible
 
-    async def payment_setup(session: AgentSession) -> None:
-        session.add_node(agent)
-        await session.start()
-        await session.wait_until_complete()
+    payment_setup = setup_with(lambda: agent)
 
     async with Conversation(payment_setup) as conv:
         await conv.say("I want to pay my bill")
@@ -389,19 +387,23 @@ async def test_payment_agent_is_never_cancelled() -> None:
 # -- StatefulAgent: logs task and progress at the interrupt -------------------------------------
 
 
-async def stateful_setup(session: AgentSession) -> None:
-    session.add_node(StatefulAgent())
-    await session.start()
-    await session.wait_until_complete()
+@contextlib.asynccontextmanager
+async def asked_for_the_return_policy(
+    caplog: pytest.LogCaptureFixture,
+) -> AsyncIterator[tuple[Conversation, Any]]:
+    """A conversation with the StatefulAgent (its log read at INFO), just asked for the return
+    policy; yields it and the agent."""
+    caplog.set_level(logging.INFO, logger=logger.name)
+    async with Conversation(setup_with(StatefulAgent)) as conv:
+        agent = conv.node("stateful-agent")
+        await conv.say("What's your return policy?")
+        yield conv, agent
 
 
 async def test_stateful_agent_logs_progress_at_the_interrupt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger=logger.name)
-    async with Conversation(stateful_setup) as conv:
-        agent = conv.node("stateful-agent")
-        await conv.say("What's your return policy?")
+    async with asked_for_the_return_policy(caplog) as (conv, agent):
         # The consumer has taken the first sentence; the node waits to hand over the second.
         first = await conv.next(SDKAgentLLMResponseChunkEvent)
         assert first.text == "Let me explain our return policy. "
@@ -420,10 +422,7 @@ async def test_stateful_agent_logs_progress_at_the_interrupt(
 async def test_stateful_agent_uninterrupted_logs_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger=logger.name)
-    async with Conversation(stateful_setup) as conv:
-        agent = conv.node("stateful-agent")
-        await conv.say("What's your return policy?")
+    async with asked_for_the_return_policy(caplog) as (conv, agent):
         text = await conv.response()
         assert text.endswith("Refunds are processed within 5 business days.")
         assert agent.task_progress == 100 and agent.current_task is None
@@ -449,10 +448,7 @@ class ReturnsAgent(ResumableAgent):
         yield "You have 30 days to return items."
 
 
-async def resumable_setup(session: AgentSession) -> None:
-    session.add_node(ReturnsAgent())
-    await session.start()
-    await session.wait_until_complete()
+resumable_setup = setup_with(ReturnsAgent)
 
 
 async def test_resumable_agent_resumes_on_continue() -> None:
@@ -519,10 +515,7 @@ async def test_tool_agent_streams_then_runs_tools_in_parallel(
     )
     agent = make_tool_agent(llm)
 
-    async def tool_setup(session: AgentSession) -> None:
-        session.add_node(agent)
-        await session.start()
-        await session.wait_until_complete()
+    tool_setup = setup_with(lambda: agent)
 
     async with Conversation(tool_setup) as conv:
         await conv.say("What are my balances?")
@@ -605,10 +598,7 @@ async def test_tool_agent_interrupt_cancels_unfinished_tools(
     agent.tool_registry = registry  # type: ignore[attr-defined]
     agent.tool_schemas = registry.get_schemas()  # type: ignore[attr-defined]
 
-    async def tool_setup(session: AgentSession) -> None:
-        session.add_node(agent)
-        await session.start()
-        await session.wait_until_complete()
+    tool_setup = setup_with(lambda: agent)
 
     async with Conversation(tool_setup) as conv:
         await conv.say("Look it up")

@@ -23,6 +23,7 @@ from gateway.replay import replay
 from nodes import ToneSynthesizer, check_agents, run_worker
 from speech import make_transcriber
 from tests import recordings_index as rec
+from tests.common import uninterruptible_utterance
 from tests.openai_server import OpenAIServer, Text, ToolCallStep
 
 from . import seed_first
@@ -80,6 +81,19 @@ async def _call(tmp_path: Path, server: OpenAIServer, node: str) -> list[dict[st
     return timeline.events
 
 
+async def _answered_call(
+    tmp_path: Path, node: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The replayed call to an agent of the one ``node`` whose LLM says REPLY to every turn:
+    the call's timeline events and the bodies of the LLM requests."""
+    async with OpenAIServer() as server:
+        for _ in range(3):
+            server.respond(*_words(REPLY))
+        events = await _call(tmp_path, server, node)
+        requests = [r.body for r in server.requests]
+    return events, requests
+
+
 def _words(text: str) -> list[Text]:
     return [Text(w + " ") for w in text.split(" ")]
 
@@ -100,13 +114,8 @@ def test_first_snippet_is_verbatim() -> None:
 
 @pytest.mark.slow
 async def test_my_agent_answers_with_its_yaml_llm_and_is_interruptible(tmp_path: Path) -> None:
-    async with OpenAIServer() as server:
-        for _ in range(3):
-            server.respond(*_words(REPLY))
-        events = await _call(
-            tmp_path, server, '{kind: python, name: my-agent, ref: "tests.nodes.seed_first:MyAgent"}'
-        )
-        requests = [r.body for r in server.requests]
+    events, requests = await _answered_call(
+        tmp_path, '{kind: python, name: my-agent, ref: "tests.nodes.seed_first:MyAgent"}')
     turns = _turns(events)
     assert turns, events
     # It answered the caller's turn with the agent's LLM: prompt, then the conversation.
@@ -128,23 +137,12 @@ async def test_my_agent_answers_with_its_yaml_llm_and_is_interruptible(tmp_path:
 
 @pytest.mark.slow
 async def test_payment_agent_answers_with_its_yaml_llm_in_full(tmp_path: Path) -> None:
-    async with OpenAIServer() as server:
-        for _ in range(3):
-            server.respond(*_words(REPLY))
-        events = await _call(
-            tmp_path, server,
-            '{kind: python, name: payment-agent, ref: "tests.nodes.seed_first:PaymentAgent"}',
-        )
-        requests = [r.body for r in server.requests]
+    events, requests = await _answered_call(
+        tmp_path, '{kind: python, name: payment-agent, ref: "tests.nodes.seed_first:PaymentAgent"}')
     turns = _turns(events)
     assert requests and requests[0]["messages"][-1] == {"role": "user", "content": turns[0]}
-    started = [e for e in events if e["type"] == "bot_utterance_started"
-               and e["node"] == "payment-agent"]
-    assert started and started[0]["interruptible"] is False
-    uid = started[0]["utterance_id"]
     # "User must hear the full message": speech over it is no barge-in, and it plays to the end.
-    assert not [e for e in events if e["type"] in ("barge_in", "clear_sent")]
-    assert any(e["type"] == "interrupt_suppressed" and e["utterance_id"] == uid for e in events)
+    uid = uninterruptible_utterance(events, "payment-agent")
     finished = [e for e in events if e["type"] == "bot_utterance_finished"
                 and e["utterance_id"] == uid]
     assert finished and finished[0]["text"].strip() == REPLY

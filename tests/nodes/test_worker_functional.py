@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -30,7 +32,7 @@ from nodes import (
 
 from ..openai_server import Mark, OpenAIServer, Text, Wait
 from . import test_seed_snippets as seed
-from .conftest import BusFactory, Line, guard, open_line
+from .conftest import BusFactory, Line, guard, open_line, running, setup_with
 
 MS_PER_CHAR = 10
 
@@ -43,25 +45,13 @@ def seed_llm(llm: OpenAIClient, monkeypatch: pytest.MonkeyPatch) -> OpenAIClient
     return llm
 
 
-class Worker:
-    """A SessionWorker running in a task, stopped at the end of the test."""
+_WORKER_IDS = itertools.count(1)
 
-    def __init__(self, bus: Bus, setup: Any, **options: Any) -> None:
-        options.setdefault("synthesizer", ToneSynthesizer(MS_PER_CHAR))
-        self.worker = SessionWorker(
-            bus, agent_factory=lambda call: setup, worker_id=f"w-{id(self)}", **options
-        )
-        self.task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> SessionWorker:
-        self.task = asyncio.create_task(self.worker.run())
-        return self.worker
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        await asyncio.wait({self.task})
-        await self.worker.aclose()
+def Worker(bus: Bus, setup: Any, **options: Any) -> AbstractAsyncContextManager[SessionWorker]:
+    """A SessionWorker serving every call with ``setup``, running for the ``async with``."""
+    options.setdefault("synthesizer", ToneSynthesizer(MS_PER_CHAR))
+    return running(bus, lambda call: setup, worker_id=f"w-{next(_WORKER_IDS)}", **options)
 
 
 def decoded_ms(line: Line, utterance_id: str) -> float:
@@ -347,10 +337,7 @@ class Closer(OutputAgentNode):
             await self.send_event(SDKAgentEndCallEvent())
 
 
-async def closer_setup(session: AgentSession) -> None:
-    session.add_node(Closer(name="closer"))
-    await session.start()
-    await session.wait_until_complete()
+closer_setup = setup_with(lambda: Closer(name="closer"))
 
 
 class FakeTwilio:

@@ -30,12 +30,6 @@ FRAME = 320  # bytes of PCM16 in a 20 ms Twilio frame
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[AudioServer]:
-    async with AudioServer() as server:
-        yield server
-
-
-@pytest.fixture
 async def transcriber(server: AudioServer) -> AsyncIterator[OpenAITranscriber]:
     async with OpenAITranscriber(transport="realtime", api_key="sk-test",
                                  base_url=server.base_url, language="en",

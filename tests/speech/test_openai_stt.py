@@ -28,12 +28,6 @@ CLIP = "barge_in_command_goforward"
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[AudioServer]:
-    async with AudioServer() as server:
-        yield server
-
-
-@pytest.fixture
 async def transcriber(server: AudioServer) -> AsyncIterator[OpenAITranscriber]:
     async with OpenAITranscriber(
         model="whisper-1", api_key="sk-test", base_url=server.base_url, max_retries=0

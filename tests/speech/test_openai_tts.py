@@ -19,12 +19,6 @@ from . import GUARD_S
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[AudioServer]:
-    async with AudioServer() as server:
-        yield server
-
-
-@pytest.fixture
 async def synthesizer(server: AudioServer) -> AsyncIterator[OpenAISynthesizer]:
     async with OpenAISynthesizer(
         model="gpt-4o-mini-tts",

@@ -9,10 +9,11 @@ uploaded instead, and the call goes on (the next turn streams again)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from bus import Bus
+from bus import Bus, Event
 from gateway.call import CallSettings
 from gateway.replay import replay
 from gateway.timeline import Timeline
@@ -20,23 +21,25 @@ from speech import OpenAITranscriber
 from tests import recordings_index as rec
 from vad._turn import TurnSettings
 
+from ..bus_agents import recording, serve
 from ..openai_audio_server import AudioServer
 
 NAME = "turn_gap_then_barge_in"  # two caller turns, ~5 s apart
 SECOND = "She had your dark suit in greasy wash water all year."
 
 
+def listener(uplink: list[Event]) -> Callable[[Bus, asyncio.Event], Awaitable[None]]:
+    """An agent that answers nothing: it keeps the uplink events of the call in ``uplink``."""
+
+    async def agent(the_bus: Bus, stop: asyncio.Event) -> None:
+        await serve(the_bus, "listener", recording(uplink))
+
+    return agent
+
+
 async def test_partials_stream_during_the_turn_and_a_failed_session_is_survived() -> None:
     speech = [e for e in rec.labels(NAME)["events"] if e["kind"] == "speech"]
     uplink: list[dict[str, object]] = []
-
-    async def listener(the_bus: Bus, stop: asyncio.Event) -> None:
-        async for call in the_bus.claim_calls("listener"):
-            async for m in the_bus.uplink(call.call_sid, "listener"):
-                uplink.append(m.event)
-                await the_bus.ack(call.call_sid, m.id)
-                if m.event["type"] == "call_ended":
-                    return
 
     timeline = Timeline()
     async with AudioServer() as server:
@@ -47,7 +50,7 @@ async def test_partials_stream_during_the_turn_and_a_failed_session_is_survived(
         second = server.realtime(SECOND, delta_every_ms=250, final_ms=20)
         async with OpenAITranscriber(transport="realtime", api_key="sk-test",
                                      base_url=server.base_url, max_retries=0) as transcriber:
-            await replay(rec.source(NAME), agent=listener, realtime=True, speed=2.0,
+            await replay(rec.source(NAME), agent=listener(uplink), realtime=True, speed=2.0,
                          transcriber_for=lambda info: transcriber, timeline=timeline,
                          settings=CallSettings(turn=TurnSettings(mode="silence",
                                                                  silence_ms=600, early_ms=0)))
@@ -95,21 +98,13 @@ async def test_a_speculative_transcript_is_confirmed_or_revised_by_the_final(
     name, words = "barge_in_command_goforward", "go forward ten meters"
     uplink: list[dict[str, object]] = []
 
-    async def listener(the_bus: Bus, stop: asyncio.Event) -> None:
-        async for call in the_bus.claim_calls("listener"):
-            async for m in the_bus.uplink(call.call_sid, "listener"):
-                uplink.append(m.event)
-                await the_bus.ack(call.call_sid, m.id)
-                if m.event["type"] == "call_ended":
-                    return
-
     timeline = Timeline()
     async with AudioServer() as server:
         # A word per 150 ms of audio: the partial has every word by the turn's likely end.
         server.realtime(words, delta_every_ms=150, final_ms=20, final_text=final_text)
         async with OpenAITranscriber(transport="realtime", api_key="sk-test",
                                      base_url=server.base_url, max_retries=0) as transcriber:
-            await replay(rec.source(name), agent=listener, realtime=True, speed=2.0,
+            await replay(rec.source(name), agent=listener(uplink), realtime=True, speed=2.0,
                          transcriber_for=lambda info: transcriber, timeline=timeline,
                          settings=CallSettings(turn=TurnSettings(speculate=True)))
     events = timeline.events

@@ -41,6 +41,21 @@ def _run(
     return out
 
 
+def _end_after_transcript(det: TurnDetector, speech: np.ndarray, text: str) -> int | None:
+    """Feed speech (every window marked speech) then 3 s of silence, ``text`` arriving as the
+    transcript in the pause's first window (as a partial would); the ms from the end of the
+    speech to the TURN_END, None if none came."""
+    audio = np.concatenate([speech, np.zeros(3000 * 8)])
+    n = len(speech) // 256
+    for k in range(len(audio) // 256):
+        det.feed(audio[k * 256:(k + 1) * 256])
+        if k == n:
+            det.set_transcript(text)
+        if det.step(k < n) is TurnDecision.TURN_END:
+            return (k + 1 - n) * 32
+    return None
+
+
 def test_window_pitch_reads_the_fundamental() -> None:
     x = _voice(200.0, 200.0, 48)[:384]
     voicing, f0 = window_pitch(x)
@@ -93,17 +108,7 @@ def test_an_unfinished_phrase_waits_at_least_text_wait_ms() -> None:
     settings = TurnSettings(text_wait_ms=1500, min_wait_ms=300, max_wait_ms=1200)
     sig = _voice(150, 110, 1500)
     for text, hold in (("I want to pay and", True), ("I want to pay", False), ("um", True)):
-        det = TurnDetector(settings)
-        audio = np.concatenate([sig, np.zeros(3000 * 8)])
-        n = len(sig) // 256
-        ended_at = None
-        for k in range(len(audio) // 256):
-            det.feed(audio[k * 256:(k + 1) * 256])
-            if k == n:
-                det.set_transcript(text)  # the partial arrives in the pause
-            if det.step(k < n) is TurnDecision.TURN_END:
-                ended_at = (k + 1 - n) * 32
-                break
+        ended_at = _end_after_transcript(TurnDetector(settings), sig, text)
         assert ended_at is not None
         assert (ended_at >= 1500) is hold, text
 
@@ -114,16 +119,7 @@ def test_a_complete_short_answer_ends_after_answer_wait_ms() -> None:
     for text, quick in (("yes", True), ("No.", True), ("four one 2 7", True),
                         ("yes I want to pay", False), ("four one and", False), ("", False)):
         det = TurnDetector(settings)
-        audio = np.concatenate([sig, np.zeros(3000 * 8)])
-        n = len(sig) // 256
-        ended_at = None
-        for k in range(len(audio) // 256):
-            det.feed(audio[k * 256:(k + 1) * 256])
-            if k == n:
-                det.set_transcript(text)
-            if det.step(k < n) is TurnDecision.TURN_END:
-                ended_at = (k + 1 - n) * 32
-                break
+        ended_at = _end_after_transcript(det, sig, text)
         assert ended_at is not None and det.estimate is not None
         assert det.estimate.text_answer is quick, text
         assert (ended_at <= 300 + 32) is quick, (text, ended_at)

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 from bus import Bus
 from bus import protocol as bp
-from nodes import AgentSession, OpenAIClient, OutputAgentNode, SessionWorker, ToneSynthesizer
+from nodes import OpenAIClient, OutputAgentNode, ToneSynthesizer
 from nodes._turns import drop_last_user_turn
 
-from ..nodes.conftest import guard, open_line
+from ..nodes.conftest import guard, open_line, running, setup_with
 from ..openai_server import Mark, OpenAIServer, Text, Wait
 
 
@@ -48,15 +48,9 @@ async def test_a_resumed_turn_is_answered_from_one_user_message(
     held = openai_server.respond(Text("Your"), Mark(first_chunk), Wait(never), Text(" card?"))
     openai_server.respond(Text("Your balance is ten dollars."))
 
-    async def setup(session: AgentSession) -> None:
-        session.add_node(Answerer(llm))
-        await session.start()
-        await session.wait_until_complete()
-
-    worker = SessionWorker(bus, agent_factory=lambda call: setup, worker_id="w-turns",
-                           synthesizer=ToneSynthesizer(10))
-    task = asyncio.create_task(worker.run())
-    try:
+    setup = setup_with(lambda: Answerer(llm))
+    async with running(bus, lambda call: setup, worker_id="w-turns",
+                       synthesizer=ToneSynthesizer(10)) as worker:
         line = await open_line(bus, "CA1700")
         await line.publish({"type": "call_started"})
         await line.publish({"type": "transcript", "text": "what is my", "final": True})
@@ -81,10 +75,6 @@ async def test_a_resumed_turn_is_answered_from_one_user_message(
             {"role": "user", "content": "what is my balance"},
             {"role": "assistant", "content": "Your balance is ten dollars."}]
         await line.end(worker)
-    finally:
-        task.cancel()
-        await asyncio.wait({task})
-        await worker.aclose()
 
 
 async def test_the_gateway_holds_a_reply_the_caller_did_not_hear_and_sends_the_turn() -> None:
