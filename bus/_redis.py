@@ -1579,10 +1579,10 @@ class RedisBus(Bus):
                 failures += 1
                 self._gateway_missing.clear()  # only beats that reached Redis count as seeing
                 self._outage.lost(exc)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001
                 # A dead heartbeat silently hands every call of this worker to others, while
                 # this worker goes on handling them: log and beat again instead.
-                log.exception("bus %s: heartbeat failed", self.bus_id)
+                log.exception("bus %s: heartbeat failed: %r", self.bus_id, exc)
             else:
                 failures = 0
                 self._outage.ok()
