@@ -117,14 +117,6 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     host = args.host or cfg.server.host
     port = args.port if args.port is not None else cfg.server.port
-    if any(a.barge_in.echo_canceller == "aec3" for a in cfg.agents.values()):
-        from vad import EchoCancellerUnavailable, warm_up_echo_canceller
-
-        try:
-            warm_up_echo_canceller()
-        except EchoCancellerUnavailable as exc:
-            print(f"callgate serve: {exc}", file=sys.stderr)
-            return 1
     redis_url = args.redis or cfg.bus.redis_url
     try:  # before the socket is bound: a mistake here must not leave it open
         bus = make_bus(redis_url)
@@ -136,6 +128,15 @@ def serve(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"callgate serve: {exc}", file=sys.stderr)
         return 1
+    if any(a.barge_in.echo_canceller == "aec3" for a in cfg.agents.values()):
+        from vad import EchoCancellerUnavailable, warm_up_echo_canceller
+
+        try:
+            warm_up_echo_canceller()
+        except EchoCancellerUnavailable as exc:
+            sock.close()
+            print(f"callgate serve: {exc}", file=sys.stderr)
+            return 1
     app = build_app(settings, bus=bus, vad=VadEngine(runtime=args.vad_runtime,
                                                      max_wait_ms=args.vad_max_wait_ms))
     gateway = app[GATEWAY_KEY]
