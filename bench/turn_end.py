@@ -2,9 +2,10 @@
 delay added at true ends, per method, fitted on one split of voices and reported on the other.
 
 Run: ``python -m bench.turn_end`` (a minute or two; ``--fit`` refits the prosody model on the
-train voices and prints the weights; ``--smart-turn PATH`` adds Pipecat's smart-turn v3 from a
-``pipecat_ai-*.whl`` got with ``pip download pipecat-ai --no-deps``: nothing is installed,
-the ONNX model and its numpy feature code are read from the wheel).
+train voices and writes it, with its inputs' verdicts, to ``vad/turn_fit.json``;
+``--smart-turn PATH`` adds Pipecat's smart-turn v3 from a ``pipecat_ai-*.whl`` got with
+``pip download pipecat-ai --no-deps``: nothing is installed, the ONNX model and its numpy
+feature code are read from the wheel).
 
 The turns (all real human voices unless marked):
 
@@ -29,6 +30,7 @@ check = jfk, timit_ldc93s1, speech_commands_yes (and the eSpeak short answers).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -376,6 +378,67 @@ def fit_waits(scored: Sequence[Scored], base: TurnSettings,
     return best[2]
 
 
+FIT_FILE = Path(__file__).resolve().parent.parent / "vad" / "turn_fit.json"
+"""The shipped fit (``--fit`` writes it): the weights and waits ``vad._turn`` has as defaults,
+what they scored on the train voices, and the VAD chain's verdicts on the train turns it was
+fitted from (tests/turns/test_turn_fit.py holds the three together)."""
+
+
+def pack_verdicts(speech: Sequence[bool]) -> str:
+    """One case's per-window verdicts as ``"<windows>:<hex of the bits>"``."""
+    bits = np.packbits(np.asarray(speech, dtype=bool))
+    return f"{len(speech)}:{bits.tobytes().hex()}"
+
+
+def unpack_verdicts(packed: str) -> list[bool]:
+    n, hexbits = packed.split(":")
+    bits = np.unpackbits(np.frombuffer(bytes.fromhex(hexbits), dtype=np.uint8))
+    return [bool(b) for b in bits[: int(n)]]
+
+
+def verdicts_digest(scored: Sequence[Scored]) -> str:
+    """sha256 of the cases' names and verdicts, in order: what the fit was made from."""
+    h = hashlib.sha256()
+    for sc in scored:
+        h.update(f"{sc.case.name}={pack_verdicts(sc.speech)}\n".encode())
+    return h.hexdigest()
+
+
+def _figures(o: Outcome) -> dict[str, Any]:
+    return {"pauses_1s": o.pauses_1s, "false_ends_1s": o.false_ends_1s,
+            "audible_1s": o.audible_1s, "pauses": o.pauses, "false_ends": o.false_ends,
+            "delay_p50": round(_pct(o.delays, 50), 1), "delay_p95": round(_pct(o.delays, 95), 1),
+            "missed": o.missed, "turns": o.turns}
+
+
+def fit_model(train: Sequence[Scored], base: TurnSettings | None = None) -> dict[str, Any]:
+    """The whole fit from the train turns' verdicts: the logistic weights, then the waits;
+    deterministic (fixed iterations, fixed grid), so the same verdicts give the same file."""
+    base = base or TurnSettings()
+    if any(sc.case.split != "train" for sc in train):
+        raise ValueError("fit on the train voices only")
+    rows = [r for sc in train for r in features_at_pauses(sc)]
+    weights = fit_logistic(rows, base.weights.short_turn)
+    settings = fit_waits(train, replace(base, weights=weights))
+    return {
+        "weights": {"bias": weights.bias, "pitch_position": weights.pitch_position,
+                    "pitch_slope": weights.pitch_slope, "short_turn": weights.short_turn},
+        "min_wait_ms": settings.min_wait_ms, "max_wait_ms": settings.max_wait_ms,
+        "train": {"auc": round(auc(rows, weights), 4), "silence_onsets": len(rows),
+                  "true_ends": sum(r[1] for r in rows),
+                  **_figures(evaluate(train, detector_method(settings)))},
+        "source": {"split": "train", "voices": sorted({sc.case.voice for sc in train}),
+                   "turns": len(train), "verdicts_sha256": verdicts_digest(train),
+                   "verdicts": {sc.case.name: pack_verdicts(sc.speech) for sc in train}},
+    }
+
+
+def fitted_settings(fit: dict[str, Any], base: TurnSettings | None = None) -> TurnSettings:
+    base = base or TurnSettings()
+    return replace(base, weights=ProsodyWeights(**fit["weights"]),
+                   min_wait_ms=fit["min_wait_ms"], max_wait_ms=fit["max_wait_ms"])
+
+
 def _pct(v: Sequence[float], q: float) -> float:
     return float(np.percentile(v, q)) if v else math.nan
 
@@ -465,7 +528,10 @@ class SmartTurn:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("--fit", action="store_true", help="refit the prosody model on train voices")
+    ap.add_argument("--fit", action="store_true",
+                    help="refit the prosody model on the train voices and write vad/turn_fit.json")
+    ap.add_argument("--fit-out", type=Path, metavar="JSON",
+                    help="with --fit: write the fit here instead of vad/turn_fit.json")
     ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
                     help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
     ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
@@ -498,13 +564,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = TurnSettings()
     rows = {split: [r for sc in scored if sc.case.split == split for r in features_at_pauses(sc)]
             for split in ("train", "check")}
+    train = [sc for sc in scored if sc.case.split == "train"]
+    if FIT_FILE.exists():
+        shipped = json.loads(FIT_FILE.read_text())["source"]["verdicts_sha256"]
+        if shipped != verdicts_digest(train):
+            print("# the VAD chain's verdicts on the train turns are not the ones the shipped "
+                  f"model was fitted on ({FIT_FILE.name}): refit with --fit")
     if args.fit:
-        weights = fit_logistic(rows["train"], settings.weights.short_turn)
-        settings = fit_waits([sc for sc in scored if sc.case.split == "train"],
-                             replace(settings, weights=weights))
-        print(f"# fitted on {len(rows['train'])} silence onsets of the train voices "
-              f"({sum(r[1] for r in rows['train'])} true ends): {settings.weights}, "
-              f"min_wait_ms={settings.min_wait_ms}, max_wait_ms={settings.max_wait_ms}")
+        fit = fit_model(train, settings)
+        settings = fitted_settings(fit, settings)
+        check = [sc for sc in scored if sc.case.split == "check"]
+        fit["check_reported"] = {"auc": round(auc(rows["check"], settings.weights), 4),
+                                 **_figures(evaluate(check, detector_method(settings)))}
+        out = args.fit_out or FIT_FILE
+        out.write_text(json.dumps(fit, indent=1, sort_keys=True) + "\n")
+        print(f"# fitted on {fit['train']['silence_onsets']} silence onsets of the train voices "
+              f"({fit['train']['true_ends']} true ends): {settings.weights}, "
+              f"min_wait_ms={settings.min_wait_ms}, max_wait_ms={settings.max_wait_ms}; "
+              f"written to {out}")
     print("# model ROC AUC (ends vs pauses): " + ", ".join(
         f"{k} {auc(v, settings.weights):.2f} (n={len(v)})" for k, v in rows.items()))
     methods: list[tuple[str, Method]] = [

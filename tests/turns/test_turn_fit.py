@@ -1,0 +1,80 @@
+"""The end-of-turn model the code ships is the one ``python -m bench.turn_end --fit`` fitted on the
+train voices (vad/turn_fit.json), and it was fitted on what today's VAD chain hears.
+
+The second half is what let the model drift unnoticed once: the barge-in policy's DTMF veto
+(merged after the fit) turned 4% of the dev voices' voiced windows into "not the caller", the
+pitch features at the pauses moved, and held-out AUC fell from 0.80 to 0.62 with nothing failing
+(docs/turns.md). Now a change to the verdicts the detector is stepped with fails here, and says
+to refit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+
+import pytest
+
+from bench import turn_end
+from vad._turn import ProsodyWeights, TurnSettings
+
+FIT = json.loads(turn_end.FIT_FILE.read_text())
+
+
+def _train_cases() -> list[turn_end.Case]:
+    # The train turns are real voices only: no eSpeak needed (its cases are all held out).
+    return [c for c in turn_end.build_cases(espeak=False) if c.split == "train"]
+
+
+def test_defaults_are_the_fitted_model() -> None:
+    settings = TurnSettings()
+    assert asdict(settings.weights) == FIT["weights"]
+    assert (settings.min_wait_ms, settings.max_wait_ms) == (FIT["min_wait_ms"],
+                                                            FIT["max_wait_ms"])
+    assert turn_end.fitted_settings(FIT) == settings
+    assert FIT["source"]["split"] == "train"
+    assert set(FIT["source"]["voices"]) == {v for v, s in turn_end.VOICE_SPLIT.items()
+                                            if s == "train"}
+
+
+def test_verdicts_round_trip() -> None:
+    for speech in ([], [True], [False, True, True] * 7, [True] * 8 + [False] * 9):
+        assert turn_end.unpack_verdicts(turn_end.pack_verdicts(speech)) == speech
+
+
+def test_fit_refuses_held_out_voices() -> None:
+    case = turn_end.Case("x", "jfk", turn_end.np.zeros(256, dtype="float32"), 0.0, (), "short")
+    with pytest.raises(ValueError, match="train"):
+        turn_end.fit_model([turn_end.Scored(case, [False])])
+
+
+@pytest.mark.slow
+def test_shipped_file_is_what_the_fit_produces() -> None:
+    """Refit from the file's own inputs (the train turns rebuilt from the recordings, with the
+    verdicts the file records) and get the file's weights, waits and train figures back."""
+    cases = _train_cases()
+    verdicts = FIT["source"]["verdicts"]
+    assert sorted(c.name for c in cases) == sorted(verdicts)
+    scored = [turn_end.Scored(c, turn_end.unpack_verdicts(verdicts[c.name])) for c in cases]
+    assert turn_end.verdicts_digest(scored) == FIT["source"]["verdicts_sha256"]
+    got = turn_end.fit_model(scored)
+    assert got["weights"] == FIT["weights"]
+    assert (got["min_wait_ms"], got["max_wait_ms"]) == (FIT["min_wait_ms"], FIT["max_wait_ms"])
+    assert got["train"] == FIT["train"]
+    assert ProsodyWeights(**got["weights"]) == TurnSettings().weights
+
+
+@pytest.mark.slow
+def test_vad_chain_still_gives_the_verdicts_it_was_fitted_on() -> None:
+    """Today's VAD chain (Silero + echo/noise gate + BargeInPolicy.is_caller, as the gateway
+    steps its TurnDetector) on the train turns: the same per-window verdicts as at the fit."""
+    cases = _train_cases()
+    scored = asyncio.run(turn_end.score(cases))
+    fitted = FIT["source"]["verdicts"]
+    moved = [sc.case.name for sc in scored
+             if turn_end.pack_verdicts(sc.speech) != fitted.get(sc.case.name)]
+    assert not moved, (
+        f"the VAD chain's verdicts changed on {len(moved)} of {len(scored)} train turns since the "
+        f"end-of-turn model was fitted (e.g. {moved[:3]}): its features at the pauses moved; "
+        "refit with `python -m bench.turn_end --fit` (train voices only) and ship the new "
+        "weights in vad/_turn.py")
