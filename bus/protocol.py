@@ -489,7 +489,11 @@ def pack(wire: Mapping[str, Any]) -> tuple[str, Binaries]:
     """
     binaries = tuple((k, v) for k, v in wire.items() if type(v) is bytes)
     rest = {k: v for k, v in wire.items() if type(v) is not bytes} if binaries else wire
-    return json.dumps(rest, separators=(",", ":"), allow_nan=False), binaries
+    return _COMPACT.encode(rest), binaries
+
+
+# ``json.dumps`` with options builds an encoder per call; a bus packs every event.
+_COMPACT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def unpack(text: str | bytes, binaries: Binaries = ()) -> dict[str, Any]:
