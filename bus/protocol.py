@@ -123,42 +123,46 @@ PlaybackState: TypeAlias = Literal["playing", "finished", "interrupted", "resume
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallStarted:
+class _Uplink:
+    """What every uplink record has."""
+
+    t_ms: float = 0.0
+    """Media time (ms since the stream started) the gateway published it at; 0 from a sender
+    that has no media clock (a test, a tool)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStarted(_Uplink):
     """The call is streaming: the agent may greet (``system.user.joined``)."""
 
     agent: str = ""
     from_number: str = ""
     to_number: str = ""
-    t_ms: float = 0.0
-    """Media time (ms since the stream started) the gateway published it at; 0 from a sender
-    that has no media clock (a test, a tool). Every uplink event has it."""
     type: Literal["call_started"] = field(default="call_started", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SpeechStarted:
+class SpeechStarted(_Uplink):
     """The caller started speaking (the barge-in policy's onset)."""
 
     over_uninterruptible: bool = False
     """The bot was playing a non-interruptible utterance when it happened."""
-    t_ms: float = 0.0
     type: Literal["speech_started"] = field(default="speech_started", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SpeechStopped:
+class SpeechStopped(_Uplink):
     """The caller stopped speaking."""
 
     over_uninterruptible: bool = False
     dropped: bool = False
     """The speech was over a non-interruptible utterance and the agent drops such speech
     (``speech_over_uninterruptible: drop``): no transcript follows."""
-    t_ms: float = 0.0
     type: Literal["speech_stopped"] = field(default="speech_stopped", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Transcript:
+class Transcript(_Uplink):
     """What the caller said in a turn; a final one is a user message and asks for a reply."""
 
     text: str
@@ -166,12 +170,11 @@ class Transcript:
     replaces_previous: bool = False
     """The caller resumed the turn before hearing the reply: this text is the whole turn and
     replaces the last user message."""
-    t_ms: float = 0.0
     type: Literal["transcript"] = field(default="transcript", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Interrupt:
+class Interrupt(_Uplink):
     """The gateway stopped an interruptible utterance for good (it has sent ``clear``)."""
 
     utterance_id: str | None = None
@@ -184,32 +187,29 @@ class Interrupt:
     cuts by ``heard_ms`` against its own alignment and reads this only without it."""
     node: str | None = None
     reason: InterruptReason = "speech"
-    t_ms: float = 0.0
     type: Literal["interrupt"] = field(default="interrupt", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InterruptSuppressed:
+class InterruptSuppressed(_Uplink):
     """The caller spoke over a non-interruptible utterance; it plays on."""
 
     utterance_id: str | None = None
     policy: str = ""
     """The agent's ``speech_over_uninterruptible`` (``keep`` or ``drop``)."""
-    t_ms: float = 0.0
     type: Literal["interrupt_suppressed"] = field(default="interrupt_suppressed", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Dtmf:
+class Dtmf(_Uplink):
     """The caller keyed a digit (one of 0-9 * # A-D, as Twilio reports it)."""
 
     digit: str
-    t_ms: float = 0.0
     type: Literal["dtmf"] = field(default="dtmf", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Playback:
+class Playback(_Uplink):
     """What the caller has heard of an utterance, from Twilio's echoed marks.
 
     ``playing`` comes at the first mark, then at most every ``progress_interval_ms`` of audio
@@ -219,16 +219,14 @@ class Playback:
     state: PlaybackState
     utterance_id: str
     heard_ms: float
-    t_ms: float = 0.0
     type: Literal["playback"] = field(default="playback", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallEnded:
+class CallEnded(_Uplink):
     """The call is over (``stop``, the socket closed, a hang-up; ``gateway_lost`` from the bus)."""
 
     reason: str = ""
-    t_ms: float = 0.0
     type: Literal["call_ended"] = field(default="call_ended", init=False)
 
 
@@ -574,11 +572,7 @@ def decode_downlink(raw: Mapping[str, Any] | str | bytes) -> DownlinkEvent:
     Raises:
         EventDecodeError: as :func:`decode`; :class:`UnknownEventError` for an uplink event.
     """
-    event = decode(raw)
-    if not isinstance(event, _DOWNLINK):
-        raise UnknownEventError(f"{event.type!r} is an uplink event, not one a worker sends",
-                                field="type")
-    return event
+    return typing.cast(DownlinkEvent, _one_way(raw, _DOWNLINK, "an uplink event, not one a worker sends"))
 
 
 def decode_uplink(raw: Mapping[str, Any] | str | bytes) -> UplinkEvent:
@@ -588,8 +582,11 @@ def decode_uplink(raw: Mapping[str, Any] | str | bytes) -> UplinkEvent:
     Raises:
         EventDecodeError: as :func:`decode`; :class:`UnknownEventError` for a downlink event.
     """
+    return typing.cast(UplinkEvent, _one_way(raw, _UPLINK, "a downlink event, not one a gateway sends"))
+
+
+def _one_way(raw: Mapping[str, Any] | str | bytes, kinds: tuple[type, ...], other: str) -> BusEvent:
     event = decode(raw)
-    if not isinstance(event, _UPLINK):
-        raise UnknownEventError(f"{event.type!r} is a downlink event, not one a gateway sends",
-                                field="type")
+    if not isinstance(event, kinds):
+        raise UnknownEventError(f"{event.type!r} is {other}", field="type")
     return event
