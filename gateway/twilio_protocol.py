@@ -447,17 +447,11 @@ def _parse_media(obj: Mapping[str, Any], max_payload_bytes: int) -> Media:
     if type(media) is dict:
         seq, sid = obj.get("sequenceNumber"), obj.get("streamSid")
         track, chunk, ts = media.get("track"), media.get("chunk"), media.get("timestamp")
-        text = media.get("payload")
-        if (type(sid) is str and type(track) is str and type(text) is str
-                and _is_uint_text(seq) and _is_uint_text(chunk) and _is_uint_text(ts)
-                and len(text) <= 4 * -(-max_payload_bytes // 3)):
-            try:
-                raw = base64.b64decode(text, validate=True)
-            except (binascii.Error, ValueError):
-                raw = b""  # the checked path says why
-            if raw and len(raw) <= max_payload_bytes:
-                return Media(sequence_number=int(seq), stream_sid=sid, track=track,
-                             chunk=int(chunk), timestamp_ms=int(ts), payload=raw)
+        if (type(sid) is str and type(track) is str
+                and _is_uint_text(seq) and _is_uint_text(chunk) and _is_uint_text(ts)):
+            return Media(sequence_number=int(seq), stream_sid=sid, track=track,
+                         chunk=int(chunk), timestamp_ms=int(ts),
+                         payload=_payload(media, max_payload_bytes))
     return _parse_media_checked(obj, max_payload_bytes)
 
 
