@@ -12,7 +12,8 @@ unique within its call, and consumers drop ids they have already handled.
 The bus adds ``eid`` when absent (``<bus_id>-<seq>``). A publisher that may re-send an event
 after a crash (a worker that took a call over re-speaking an utterance) can set its own
 deterministic ``eid`` (``protocol.encode(event, eid=...)``) so the other side drops the copy.
-Consumers receive a JSON round-trip of what was published (tuples become lists).
+Consumers receive a JSON round-trip of what was published (tuples become lists), but for its
+top-level ``bytes`` values (``Audio.payload``), which travel as they are (``protocol.pack``).
 
 Exactly-once handling across a worker crash: an ``uplink()`` never yields the same message (or
 ``eid``) twice within one bus instance. A worker that takes a call over gets the unacked messages
@@ -38,6 +39,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import protocol
 from ._errors import EventError, InvalidNameError
 
 __all__ = ["Bus", "BusMessage", "CallInfo", "Event"]
@@ -110,7 +112,8 @@ class Bus(abc.ABC):
     Writes (``open_call``, ``publish``, ``close_call``, ``ack``, ``send``, ``save_context``)
     return without waiting for the server and never raise for an outage: they are applied in
     the order they were made, later if the server is away (see ``flush``). Bad input raises
-    ``EventError`` (not a JSON-able dict with a str ``type``) or ``InvalidNameError``.
+    ``EventError`` (not a dict with a str ``type`` of JSON-able values and top-level ``bytes``)
+    or ``InvalidNameError``.
     """
 
     def __init__(self, *, bus_id: str | None = None) -> None:
@@ -244,8 +247,9 @@ class Bus(abc.ABC):
         return True
 
     # -- helpers for implementations ------------------------------------------------------
-    def _stamp(self, event: Event) -> tuple[Event, str, str]:
-        """Validate ``event``; returns (a copy with its ``eid``, the eid, its JSON)."""
+    def _stamp(self, event: Event) -> tuple[Event, str, tuple[str, protocol.Binaries]]:
+        """Validate ``event``; returns (a copy with its ``eid``, the eid, what the bus stores:
+        ``protocol.pack``'s JSON text and bytes fields)."""
         if not isinstance(event, dict):
             raise EventError(f"an event is a dict, not {type(event).__name__}")
         kind = event.get("type")
@@ -259,7 +263,7 @@ class Bus(abc.ABC):
         elif not isinstance(eid, str) or not eid:
             raise EventError(f"'eid' must be a non-empty str: {eid!r}")
         try:
-            payload = json.dumps(stamped, separators=(",", ":"), allow_nan=False)
+            payload = protocol.pack(stamped)
         except (TypeError, ValueError) as exc:
             raise EventError(f"event {kind!r} is not JSON-able: {exc}") from exc
         return stamped, eid, payload

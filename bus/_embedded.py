@@ -24,8 +24,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import protocol
 from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
 from ._errors import BusClosedError, CallOwnershipError, OwnershipLostError
+
+_Packed = tuple[str, protocol.Binaries]
 
 __all__ = ["EmbeddedBus", "EmbeddedHub"]
 
@@ -55,7 +58,8 @@ class _Signal:
 
 
 class _Call:
-    """One call's state in the hub. Logs hold JSON payloads; None is the end marker."""
+    """One call's state in the hub. Logs hold what ``protocol.pack`` made of each event (its
+    JSON text and bytes fields); None is the end marker."""
 
     __slots__ = (
         "info", "up", "delivered", "pending", "down", "ctx", "through",
@@ -64,10 +68,10 @@ class _Call:
 
     def __init__(self) -> None:
         self.info: CallInfo | None = None
-        self.up: list[str | None] = []
+        self.up: list[_Packed | None] = []
         self.delivered = 0  # the group cursor: up[:delivered] went to a consumer
         self.pending: dict[int, str] = {}  # up index -> consumer, delivered and not acked
-        self.down: list[str | None] = []
+        self.down: list[_Packed | None] = []
         self.ctx: str | None = None
         self.through: str | None = None
         self.owner: str | None = None
@@ -231,7 +235,7 @@ class EmbeddedBus(Bus):
                 index += 1
                 if payload is None:
                     return
-                event = json.loads(payload)
+                event = protocol.unpack(*payload)
                 key = (0, index)
                 eid = event.get("eid")
                 if seen.seen(key, eid):
@@ -343,7 +347,7 @@ class EmbeddedBus(Bus):
             self._up_seen.pop(call_sid, None)
             return _END
         key = (0, index + 1)
-        event = json.loads(payload)
+        event = protocol.unpack(*payload)
         eid = event.get("eid")
         if through is not None and key <= through:
             call.pending.pop(index, None)  # the saved context already covers it

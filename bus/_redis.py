@@ -118,6 +118,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNo
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
+from . import protocol
 from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
 from ._errors import (
     BusClosedError,
@@ -235,7 +236,7 @@ _RENEW_BATCH = 256
 
 # KEYS: owner, fence, target. ARGV: worker, token, op, op's arguments. -> 1 done | 0 refused
 #   xack <id>...                 XACK target workers <id>...
-#   xadd <maxlen> <field> <val>  XADD target MAXLEN ~ <maxlen> * <field> <val>
+#   xadd <maxlen> <f> <v>...     XADD target MAXLEN ~ <maxlen> * <f> <v>...
 #   hset <ttl_s> <f> <v>...      HSET target <f> <v>...; EXPIRE target <ttl_s> NX
 _FENCED = _HOLDS + """
 if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
@@ -243,7 +244,7 @@ local op = ARGV[3]
 if op == 'xack' then
   redis.call('XACK', KEYS[3], 'workers', unpack(ARGV, 4))
 elseif op == 'xadd' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', ARGV[5], ARGV[6])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 5))
 elseif op == 'hset' then
   redis.call('HSET', KEYS[3], unpack(ARGV, 5))
   redis.call('EXPIRE', KEYS[3], ARGV[4], 'NX')
@@ -304,13 +305,35 @@ _CLAIM_UP_SHA = hashlib.sha1(_CLAIM_UP.encode()).hexdigest()  # noqa: S324
 # The unfenced form of each fenced op, for a bus writing to a call it does not own (tests, tools).
 _PLAIN: dict[str, Callable[..., list[tuple[Any, ...]]]] = {
     "xack": lambda key, *ids: [("XACK", key, GROUP, *ids)],
-    "xadd": lambda key, maxlen, name, value: [("XADD", key, "MAXLEN", "~", maxlen, "*", name, value)],
+    "xadd": lambda key, maxlen, *pairs: [("XADD", key, "MAXLEN", "~", maxlen, "*", *pairs)],
     "hset": lambda key, ttl, *pairs: [("HSET", key, *pairs), ("EXPIRE", key, ttl, "NX")],
 }
 
 _LOST = object()  # uplink queue sentinel: another worker took the call
 _CLOSED = object()  # queue sentinel: the bus is closing
 _END = object()  # _accept result: the call's end marker
+
+
+# A stream entry of an event: field ``e``, the JSON text of ``protocol.pack``, and one field
+# ``b:<name>`` per bytes field (``Audio.payload``: ``b:payload``) holding the raw bytes. A 1.0
+# entry has ``e`` only, its bytes fields base64 text inside it (``protocol.decode`` reads both).
+_BINARY = b"b:"
+
+
+def _entry_fields(text: str, binaries: protocol.Binaries) -> tuple[str | bytes, ...]:
+    """The field/value arguments of XADD for an event."""
+    if not binaries:
+        return ("e", text)
+    return ("e", text, *(x for name, value in binaries for x in ("b:" + name, value)))
+
+
+def _entry_event(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """The wire object of a stream entry written by :func:`_entry_fields` (or by 1.0)."""
+    text = fields[b"e"]
+    if len(fields) == 1:
+        return protocol.unpack(text)
+    return protocol.unpack(text, tuple((k[2:].decode(), v) for k, v in fields.items()
+                                       if k.startswith(_BINARY)))
 
 
 def _sid(value: bytes | str) -> str:
@@ -1047,20 +1070,21 @@ class RedisBus(Bus):
         check_name(call_sid, "call_sid")
         if self._state is not _State.OPEN:
             await self._open()
-        stamped, eid, payload = self._stamp(event)
+        stamped, eid, (text, binaries) = self._stamp(event)
+        fields = _entry_fields(text, binaries)
         if call_sid in self._closed_calls:
             log.debug("bus %s: %s %s to closed call %s dropped", self.bus_id, kind, stamped["type"], call_sid)
             return eid
         key = self._key(call_sid, part)
         if part == "down":  # a worker's write: under its lease
-            op = self._fenced(kind, call_sid, key, "xadd", self._stream_maxlen, "e", payload,
+            op = self._fenced(kind, call_sid, key, "xadd", self._stream_maxlen, *fields,
                               critical=is_critical(stamped))  # fmt: skip
             if op is not None:
                 self._enqueue(op)
             return eid
         self._enqueue(
             Op(kind, call_sid,
-               [("XADD", key, "MAXLEN", "~", self._stream_maxlen, "*", "e", payload)],
+               [("XADD", key, "MAXLEN", "~", self._stream_maxlen, "*", *fields)],
                critical=is_critical(stamped))
         )  # fmt: skip
         return eid
@@ -1110,7 +1134,7 @@ class RedisBus(Bus):
                     continue
                 if b"c" in fields:
                     return
-                event = json.loads(fields[b"e"])
+                event = _entry_event(fields)
                 id_key = parse_stream_id(_sid(message_id))
                 eid = event.get("eid")
                 if seen.seen(id_key, eid):
@@ -1480,7 +1504,7 @@ class RedisBus(Bus):
             self._ack_op(call_sid, message_id)
             return _END
         id_key = parse_stream_id(message_id)
-        event = json.loads(fields[b"e"])
+        event = _entry_event(fields)
         eid = event.get("eid")
         if through is not None and id_key <= through:
             self._ack_op(call_sid, message_id)

@@ -13,10 +13,16 @@ reads an event's fields (``tests/bus/test_protocol.py`` greps the tree for hand-
 * **downlink** (worker -> gateway): :class:`UtteranceStart`, :class:`Audio`,
   :class:`UtteranceEnd`, :class:`Hangup`, :class:`Transfer`.
 
-The wire object is ``{"type": ..., "v": "1.0", <fields>}``, fields by their record names;
-``Audio.payload`` (8 kHz mu-law bytes) travels as base64 text, and a field that is None is left
-out (a pre-versioned reader tests ``"text" in event``). The bus adds ``eid`` (its envelope, see
-``bus._base``); :func:`decode` ignores it.
+The wire object is ``{"type": ..., "v": "1.1", <fields>}``, fields by their record names; a
+field that is None is left out (a pre-versioned reader tests ``"text" in event``). The bus adds
+``eid`` (its envelope, see ``bus._base``); :func:`decode` ignores it.
+
+Binary fields. ``Audio.payload`` (8 kHz mu-law bytes) is a ``bytes`` value in the wire object:
+a bus carries it as it is, beside the JSON text of the other fields (:func:`pack` /
+:func:`unpack`: the Redis bus stores it as its own stream field, the embedded bus hands the
+bytes over untouched), so no side base64-encodes the bot's audio for the bus. Where only JSON
+will do (``NAME.downlink.jsonl``, a tool), ``encode(event, text=True)`` writes it as base64 text,
+which is also how protocol 1.0 carried it on the bus; :func:`decode` reads either form.
 
 Versions. ``v`` is ``"MAJOR.MINOR"`` (:data:`PROTOCOL_VERSION`). A minor version may only add:
 optional fields (with defaults) and event types a reader may skip. Anything else (a field
@@ -27,6 +33,12 @@ version raises :class:`~bus.VersionMismatchError`, naming both versions. An even
 was sent before the protocol was versioned and reads as 1.0, which it is. A gateway and a worker
 of different minor versions in one fleet interoperate; of different major versions, every event
 fails with that error in the receiver's log, so roll majors out side by side (a second pool).
+
+1.1 (from 1.0): ``Audio.payload`` travels as binary on the bus. A 1.1 reader reads 1.0's entries
+(base64 text) as before. A 1.0 reader does not interoperate on audio: it reads only the JSON
+text of a 1.1 audio entry, where the payload is not, and refuses every such event with
+``EventDecodeError: audio.payload is missing`` in its log (its other events read as before).
+Only gateways read audio, so roll gateways to 1.1 before workers.
 
 The timeline events (``events.jsonl``, ``gateway.timeline``) are another vocabulary: the
 gateway's own record of what it did, never read by the other side of the bus, open by contract
@@ -87,10 +99,12 @@ __all__ = [
     "decode_uplink",
     "encode",
     "json_kind",
+    "pack",
+    "unpack",
 ]
 
-PROTOCOL_VERSION: Final = (1, 0)
-"""The version this side writes and reads (any ``1.x``): ``"1.0"`` on the wire."""
+PROTOCOL_VERSION: Final = (1, 1)
+"""The version this side writes and reads (any ``1.x``): ``"1.1"`` on the wire."""
 
 _VERSION_TEXT: Final = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 _FRAME: Final = ("type", "v", "eid")  # the envelope: never a record's field
@@ -109,42 +123,46 @@ PlaybackState: TypeAlias = Literal["playing", "finished", "interrupted", "resume
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallStarted:
+class _Uplink:
+    """What every uplink record has."""
+
+    t_ms: float = 0.0
+    """Media time (ms since the stream started) the gateway published it at; 0 from a sender
+    that has no media clock (a test, a tool)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStarted(_Uplink):
     """The call is streaming: the agent may greet (``system.user.joined``)."""
 
     agent: str = ""
     from_number: str = ""
     to_number: str = ""
-    t_ms: float = 0.0
-    """Media time (ms since the stream started) the gateway published it at; 0 from a sender
-    that has no media clock (a test, a tool). Every uplink event has it."""
     type: Literal["call_started"] = field(default="call_started", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SpeechStarted:
+class SpeechStarted(_Uplink):
     """The caller started speaking (the barge-in policy's onset)."""
 
     over_uninterruptible: bool = False
     """The bot was playing a non-interruptible utterance when it happened."""
-    t_ms: float = 0.0
     type: Literal["speech_started"] = field(default="speech_started", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SpeechStopped:
+class SpeechStopped(_Uplink):
     """The caller stopped speaking."""
 
     over_uninterruptible: bool = False
     dropped: bool = False
     """The speech was over a non-interruptible utterance and the agent drops such speech
     (``speech_over_uninterruptible: drop``): no transcript follows."""
-    t_ms: float = 0.0
     type: Literal["speech_stopped"] = field(default="speech_stopped", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Transcript:
+class Transcript(_Uplink):
     """What the caller said in a turn; a final one is a user message and asks for a reply."""
 
     text: str
@@ -152,12 +170,11 @@ class Transcript:
     replaces_previous: bool = False
     """The caller resumed the turn before hearing the reply: this text is the whole turn and
     replaces the last user message."""
-    t_ms: float = 0.0
     type: Literal["transcript"] = field(default="transcript", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Interrupt:
+class Interrupt(_Uplink):
     """The gateway stopped an interruptible utterance for good (it has sent ``clear``)."""
 
     utterance_id: str | None = None
@@ -170,32 +187,29 @@ class Interrupt:
     cuts by ``heard_ms`` against its own alignment and reads this only without it."""
     node: str | None = None
     reason: InterruptReason = "speech"
-    t_ms: float = 0.0
     type: Literal["interrupt"] = field(default="interrupt", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InterruptSuppressed:
+class InterruptSuppressed(_Uplink):
     """The caller spoke over a non-interruptible utterance; it plays on."""
 
     utterance_id: str | None = None
     policy: str = ""
     """The agent's ``speech_over_uninterruptible`` (``keep`` or ``drop``)."""
-    t_ms: float = 0.0
     type: Literal["interrupt_suppressed"] = field(default="interrupt_suppressed", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Dtmf:
+class Dtmf(_Uplink):
     """The caller keyed a digit (one of 0-9 * # A-D, as Twilio reports it)."""
 
     digit: str
-    t_ms: float = 0.0
     type: Literal["dtmf"] = field(default="dtmf", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Playback:
+class Playback(_Uplink):
     """What the caller has heard of an utterance, from Twilio's echoed marks.
 
     ``playing`` comes at the first mark, then at most every ``progress_interval_ms`` of audio
@@ -205,16 +219,14 @@ class Playback:
     state: PlaybackState
     utterance_id: str
     heard_ms: float
-    t_ms: float = 0.0
     type: Literal["playback"] = field(default="playback", init=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallEnded:
+class CallEnded(_Uplink):
     """The call is over (``stop``, the socket closed, a hang-up; ``gateway_lost`` from the bus)."""
 
     reason: str = ""
-    t_ms: float = 0.0
     type: Literal["call_ended"] = field(default="call_ended", init=False)
 
 
@@ -240,7 +252,7 @@ class Audio:
 
     utterance_id: str
     payload: bytes
-    """8 kHz mu-law, no header; base64 on the wire."""
+    """8 kHz mu-law, no header; binary on the bus (base64 text in JSON, see the module)."""
     text: str | None = None
     """The chunk of the utterance's text this audio speaks (None: audio without text)."""
     text_start: int | None = None
@@ -364,9 +376,14 @@ def _read_float(value: object, where: str) -> float:
 
 
 def _read_bytes(value: object, where: str) -> bytes:
-    text = _read_str(value, where)
-    try:
-        return base64.b64decode(text, validate=True)
+    if type(value) is bytes:  # 1.1 on a bus: as it was sent
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if not isinstance(value, str):
+        _fail(where, f"must be bytes or base64 text, got {json_kind(value)}")
+    try:  # 1.0's form on the bus, and JSON text's
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
         _fail(where, f"is not valid base64: {exc}")
 
@@ -430,13 +447,15 @@ _BY_TYPE: Final[dict[str, tuple[type, tuple[_Field, ...]]]] = {
 # --- encode / decode ----------------------------------------------------------------------------
 
 
-def encode(event: BusEvent, *, eid: str | None = None) -> dict[str, Any]:
+def encode(event: BusEvent, *, eid: str | None = None, text: bool = False) -> dict[str, Any]:
     """The wire object of ``event``, for ``Bus.publish`` / ``Bus.send``.
 
     Args:
         event: one of this module's records.
         eid: a deterministic event id (a re-send the other side must drop as a copy); None
             lets the bus assign one.
+        text: bytes fields as base64 text, so that the object is JSON-able as it is (files,
+            tools); by default they stay bytes, for a bus (:func:`pack`).
 
     Raises:
         TypeError: ``event`` is not one of this module's records (a programming error).
@@ -449,9 +468,41 @@ def encode(event: BusEvent, *, eid: str | None = None) -> dict[str, Any]:
         value = getattr(event, f.name)
         if value is None:
             continue
-        wire[f.name] = base64.b64encode(value).decode("ascii") if f.is_bytes else value
+        wire[f.name] = base64.b64encode(value).decode("ascii") if text and f.is_bytes else value
     if eid is not None:
         wire["eid"] = eid
+    return wire
+
+
+Binaries: TypeAlias = tuple[tuple[str, bytes], ...]
+"""A wire object's bytes fields, (name, value) in its order: what :func:`pack` splits off."""
+
+
+def pack(wire: Mapping[str, Any]) -> tuple[str, Binaries]:
+    """How a bus stores a wire object: the compact JSON text of its fields but the bytes ones,
+    and those (top-level ``bytes`` values, as :func:`encode` leaves them) beside it.
+
+    Raises:
+        TypeError, ValueError: something else in it is not JSON (``json.dumps``'s errors).
+    """
+    binaries = tuple((k, v) for k, v in wire.items() if type(v) is bytes)
+    rest = {k: v for k, v in wire.items() if type(v) is not bytes} if binaries else wire
+    return _COMPACT.encode(rest), binaries
+
+
+# ``json.dumps`` with options builds an encoder per call; a bus packs every event.
+_COMPACT: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def unpack(text: str | bytes, binaries: Binaries = ()) -> dict[str, Any]:
+    """The wire object :func:`pack` made ``(text, binaries)`` of, for :func:`decode`.
+
+    Raises:
+        ValueError: ``text`` is not JSON (``json.loads``'s errors).
+    """
+    wire: dict[str, Any] = json.loads(text)
+    for name, value in binaries:
+        wire[name] = value
     return wire
 
 
@@ -521,11 +572,7 @@ def decode_downlink(raw: Mapping[str, Any] | str | bytes) -> DownlinkEvent:
     Raises:
         EventDecodeError: as :func:`decode`; :class:`UnknownEventError` for an uplink event.
     """
-    event = decode(raw)
-    if not isinstance(event, _DOWNLINK):
-        raise UnknownEventError(f"{event.type!r} is an uplink event, not one a worker sends",
-                                field="type")
-    return event
+    return typing.cast(DownlinkEvent, _one_way(raw, _DOWNLINK, "an uplink event, not one a worker sends"))
 
 
 def decode_uplink(raw: Mapping[str, Any] | str | bytes) -> UplinkEvent:
@@ -535,8 +582,11 @@ def decode_uplink(raw: Mapping[str, Any] | str | bytes) -> UplinkEvent:
     Raises:
         EventDecodeError: as :func:`decode`; :class:`UnknownEventError` for a downlink event.
     """
+    return typing.cast(UplinkEvent, _one_way(raw, _UPLINK, "a downlink event, not one a gateway sends"))
+
+
+def _one_way(raw: Mapping[str, Any] | str | bytes, kinds: tuple[type, ...], other: str) -> BusEvent:
     event = decode(raw)
-    if not isinstance(event, _UPLINK):
-        raise UnknownEventError(f"{event.type!r} is a downlink event, not one a gateway sends",
-                                field="type")
+    if not isinstance(event, kinds):
+        raise UnknownEventError(f"{event.type!r} is {other}", field="type")
     return event

@@ -172,7 +172,7 @@ class CallRecorder:
         folder.mkdir(parents=True, exist_ok=False)
         (folder / f"{name}.twilio.jsonl").write_text("".join(f"{x}\n" for x in self._inbound))
         (folder / f"{name}.downlink.jsonl").write_text("".join(
-            json.dumps({"after": after, "t_ms": t_ms, "event": bp.encode(event)},
+            json.dumps({"after": after, "t_ms": t_ms, "event": bp.encode(event, text=True)},
                        separators=(",", ":")) + "\n"
             for after, t_ms, event in self._downlink))
         (folder / f"{name}.events.jsonl").write_text(

@@ -540,8 +540,12 @@ def parse_message(
 # --- inbound: build (the Twilio side) -----------------------------------------------------------
 
 
+# One encoder for every message built: ``json.dumps`` with options makes a new one per call.
+_ENCODER: Final = json.JSONEncoder(separators=_SEPARATORS, ensure_ascii=False)
+
+
 def _dumps(obj: Mapping[str, Any]) -> str:
-    return json.dumps(obj, separators=_SEPARATORS, ensure_ascii=False)
+    return _ENCODER.encode(obj)
 
 
 def _num(value: int, name: str) -> str:
@@ -724,8 +728,12 @@ def encode_message(message: InboundMessage) -> str:
 
 
 def _quoted(text: str) -> str:
-    """``text`` as a JSON string literal, escaped as :func:`_dumps` escapes it."""
-    return json.dumps(text, ensure_ascii=False)
+    """``text`` as a JSON string literal, escaped as :func:`_dumps` escapes it (the encoder's
+    own string escaper, without building an encoder per call as ``json.dumps`` would)."""
+    return _quote(text)
+
+
+_quote: Final = json.encoder.encode_basestring  # what JSONEncoder(ensure_ascii=False) uses
 
 
 # The gateway sends these two for every playback chunk (25 a second per talking call): built by

@@ -72,26 +72,29 @@ def _tag(cls: type) -> str:
 @given(data=st.data())
 def test_every_event_round_trips_through_json(cls: type, data: st.DataObject) -> None:
     event = data.draw(records(cls))
-    wire = bp.encode(event)
-    assert wire["type"] == event.type and wire["v"] == "1.0"
-    text = json.dumps(wire, allow_nan=False)  # what the bus stores
+    wire = bp.encode(event, text=True)
+    assert wire["type"] == event.type and wire["v"] == "1.1"
+    text = json.dumps(wire, allow_nan=False)  # a file's line, or protocol 1.0's bus entry
     assert bp.decode(json.loads(text)) == event
     assert bp.decode(text) == event
     assert bp.decode(text.encode()) == event
 
 
 def test_wire_format_is_the_documented_one() -> None:
-    """Golden objects: fields by name, audio as base64, None left out, the bus's eid kept."""
+    """Golden objects: fields by name, audio as bytes (base64 in the text form), None left out,
+    the bus's eid kept."""
     assert bp.encode(bp.Interrupt(utterance_id="u1", heard_ms=480.0, heard_text="Thanks for",
                                   node="main", reason="speech", t_ms=5200.0)) == {
-        "type": "interrupt", "v": "1.0", "utterance_id": "u1", "heard_ms": 480.0,
+        "type": "interrupt", "v": "1.1", "utterance_id": "u1", "heard_ms": 480.0,
         "heard_text": "Thanks for", "node": "main", "reason": "speech", "t_ms": 5200.0}
     assert bp.encode(bp.Audio(utterance_id="u1", payload=b"\xff\x7f")) == {
-        "type": "audio", "v": "1.0", "utterance_id": "u1", "payload": "/38="}
+        "type": "audio", "v": "1.1", "utterance_id": "u1", "payload": b"\xff\x7f"}
+    assert bp.encode(bp.Audio(utterance_id="u1", payload=b"\xff\x7f"), text=True) == {
+        "type": "audio", "v": "1.1", "utterance_id": "u1", "payload": "/38="}
     assert bp.encode(bp.Interrupt(reason="resumed", t_ms=1.0)) == {
-        "type": "interrupt", "v": "1.0", "reason": "resumed", "t_ms": 1.0}
+        "type": "interrupt", "v": "1.1", "reason": "resumed", "t_ms": 1.0}
     assert bp.encode(bp.Hangup(), eid="CA1-gateway-lost") == {
-        "type": "hangup", "v": "1.0", "eid": "CA1-gateway-lost"}
+        "type": "hangup", "v": "1.1", "eid": "CA1-gateway-lost"}
 
 
 def test_events_of_senders_before_the_protocol_was_versioned_still_read() -> None:
@@ -126,6 +129,8 @@ MALFORMED = [
      "utterance_start.interruptible", "must be a boolean, got a string"),
     ({"type": "audio", "utterance_id": "u", "payload": "%%%"}, EventDecodeError, "audio.payload",
      "audio.payload is not valid base64"),
+    ({"type": "audio", "utterance_id": "u", "payload": 7}, EventDecodeError, "audio.payload",
+     "audio.payload must be bytes or base64 text, got a number"),
     ({"type": "audio", "utterance_id": "u", "payload": "AA==", "text_start": 1.5},
      EventDecodeError, "audio.text_start", "must be an integer, got a number"),
     ({"type": "dtmf", "digit": "1", "v": 1}, EventDecodeError, "dtmf.v",
@@ -174,7 +179,7 @@ def test_a_newer_major_version_fails_naming_both_versions() -> None:
     with pytest.raises(VersionMismatchError) as info:
         bp.decode({"type": "interrupt", "v": "2.0", "utterance_id": "u", "heard_ms": 1})
     assert info.value.version == "2.0" and info.value.field == "v"
-    assert "version 2.0" in str(info.value) and "speaks 1.0" in str(info.value)
+    assert "version 2.0" in str(info.value) and "speaks 1.1" in str(info.value)
     with pytest.raises(VersionMismatchError, match="version 0.9"):
         bp.decode({"type": "hangup", "v": "0.9"})
 

@@ -5,7 +5,6 @@ the local OpenAI-compatible server, audio out on the downlink.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import logging
 import threading
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from bus import Bus
+from bus import protocol as bp
 from nodes import (
     AgentSession,
     OpenAIClient,
@@ -56,7 +56,7 @@ def Worker(bus: Bus, setup: Any, **options: Any) -> AbstractAsyncContextManager[
 
 def decoded_ms(line: Line, utterance_id: str) -> float:
     audio = [e for e in line.of("audio") if e["utterance_id"] == utterance_id]
-    return sum(len(base64.b64decode(e["payload"])) for e in audio) / 8
+    return sum(len(bp.decode(e).payload) for e in audio) / 8
 
 
 def spoken(line: Line, utterance_id: str) -> str:
@@ -87,7 +87,7 @@ async def test_transcript_streams_an_utterance(
         assert spoken(line, uid) == "Hello there, how can I help?"
         assert decoded_ms(line, uid) == len("Hello there, how can I help?") * MS_PER_CHAR
         assert audio[-1]["audio_ms"] == decoded_ms(line, uid)
-        assert all(e["duration_ms"] * 8 == len(base64.b64decode(e["payload"])) for e in audio)
+        assert all(e["duration_ms"] * 8 == len(bp.decode(e).payload) for e in audio)
         first_chunk = [e for e in audio if e["text"] == "Hello"]
         assert first_chunk[-1]["audio_ms"] == 5 * MS_PER_CHAR
 
