@@ -93,6 +93,7 @@ import asyncio
 import contextlib
 import enum
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -327,13 +328,31 @@ def _entry_fields(text: str, binaries: protocol.Binaries) -> tuple[str | bytes, 
     return ("e", text, *(x for name, value in binaries for x in ("b:" + name, value)))
 
 
-def _entry_event(fields: dict[bytes, bytes]) -> dict[str, Any]:
-    """The wire object of a stream entry written by :func:`_entry_fields` (or by 1.0)."""
-    text = fields[b"e"]
-    if len(fields) == 1:
-        return protocol.unpack(text)
-    return protocol.unpack(text, tuple((k[2:].decode(), v) for k, v in fields.items()
-                                       if k.startswith(_BINARY)))
+_MALFORMED = itertools.count(1)
+
+
+def _entry_event(fields: dict[bytes, bytes], where: str) -> dict[str, Any] | None:
+    """The wire object of a stream entry written by :func:`_entry_fields` (or by 1.0); None,
+    logged, for an entry no bus wrote (no ``e`` field, not a JSON object: a foreign producer, a
+    hand-made XADD). Such an entry is skipped and acked: raising here would end the iterator
+    on every owner in turn, leaving the call served by nobody."""
+    try:
+        text = fields[b"e"]
+        if len(fields) == 1:
+            event = protocol.unpack(text)
+        else:
+            event = protocol.unpack(text, tuple((k[2:].decode(), v) for k, v in fields.items()
+                                               if k.startswith(_BINARY)))
+        if isinstance(event, dict):
+            return event
+        problem = f"a JSON {type(event).__name__}, not an object"
+    except (KeyError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are these
+        problem = "no 'e' field" if isinstance(exc, KeyError) else f"not JSON ({exc})"
+    n = next(_MALFORMED)
+    if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood of them logs a line per doubling
+        log.warning("bus: skipped a malformed stream entry on %s (%s); %d skipped in all",
+                    where, problem, n)
+    return None
 
 
 def _sid(value: bytes | str) -> str:
@@ -1134,7 +1153,9 @@ class RedisBus(Bus):
                     continue
                 if b"c" in fields:
                     return
-                event = _entry_event(fields)
+                event = _entry_event(fields, f"the downlink of {call_sid}")
+                if event is None:
+                    continue
                 id_key = parse_stream_id(_sid(message_id))
                 eid = event.get("eid")
                 if seen.seen(id_key, eid):
@@ -1504,7 +1525,10 @@ class RedisBus(Bus):
             self._ack_op(call_sid, message_id)
             return _END
         id_key = parse_stream_id(message_id)
-        event = _entry_event(fields)
+        event = _entry_event(fields, f"the uplink of {call_sid}")
+        if event is None:
+            self._ack_op(call_sid, message_id)
+            return None
         eid = event.get("eid")
         if through is not None and id_key <= through:
             self._ack_op(call_sid, message_id)
