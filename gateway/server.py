@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -82,6 +83,7 @@ __all__ = [
 
 log = logging.getLogger("callgate.gateway")
 # What a peer can make happen at will is logged at most once per 10 s, with a count.
+_CLOSING: set[asyncio.Future[Any]] = set()
 _BINARY_FRAMES = RateLimitedLog(log, "binary frames skipped", interval_s=10.0)
 _NO_START = RateLimitedLog(log, "media sockets closed without a valid start", interval_s=10.0)
 _SOCKETS_REFUSED = RateLimitedLog(log, "media upgrades refused", interval_s=10.0)
@@ -579,6 +581,8 @@ class GatewayApp:
                         self.calls[session.info.call_sid] = session
                         self._calls_changed.set()
                         downlink = asyncio.create_task(session.run_downlink())
+                        downlink.add_done_callback(
+                            functools.partial(self._downlink_done, session.info.call_sid, ws))
                     if session.ended:
                         break
                 elif msg.type is WSMsgType.BINARY:
@@ -594,6 +598,20 @@ class GatewayApp:
             # would hold its place (and its live-stream slot) forever.
             await asyncio.shield(self._end_stream(session, downlink, ws, recorder))
         return ws
+
+    def _downlink_done(self, call_sid: str, ws: web.WebSocketResponse, task: asyncio.Task[None]) -> None:
+        """A call's downlink pump ended. Failed (a bus error, a socket write that raised), the
+        call would go on hearing the caller with the bot mute and nothing said: log it and end
+        the call by closing its socket (the handler's ``finally`` then ends the session)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("call %s: its downlink failed (%r); ending the call", call_sid, exc,
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        if not ws.closed:
+            closing = asyncio.ensure_future(ws.close(code=1011, message=b"downlink failed"))
+            _CLOSING.add(closing)  # held until done: the loop keeps only weak references
+            closing.add_done_callback(_CLOSING.discard)
 
     async def _end_stream(self, session: CallSession, downlink: asyncio.Task[None] | None,
                           ws: web.WebSocketResponse,

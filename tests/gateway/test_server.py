@@ -223,3 +223,34 @@ async def test_healthz_and_readyz(server: Any) -> None:
         assert (await http.get(srv.make_url("/readyz"))).status == 200
         gw.draining = True
         assert (await http.get(srv.make_url("/readyz"))).status == 503
+
+
+class _BrokenDownlinkBus(EmbeddedBus):
+    """A bus whose downlink fails as soon as it is read (a bus bug, a poisoned stream)."""
+
+    async def downlink(self, call_sid: str) -> AsyncIterator[Any]:  # type: ignore[override]
+        raise RuntimeError("the downlink broke")
+        yield  # an async generator, as the real one
+
+
+async def test_a_failed_downlink_ends_the_call_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """Not a mute bot on a live call with nothing logged: the socket is closed (1011) and the
+    call ends."""
+    settings = GatewaySettings(public_url=PUBLIC, auth_token=AUTH, validate_signatures=True,
+                               agent_for_number=lambda to: "default")
+    app = build_app(settings, bus=_BrokenDownlinkBus(), vad=VadEngine())
+    async with TestServer(app) as srv:
+        gw = app[GATEWAY_KEY]
+        token = await _token(srv)
+        async with aiohttp.ClientSession() as http:
+            ws = await http.ws_connect(srv.make_url("/twilio/media"),
+                                       headers={"X-Twilio-Signature": sign(MEDIA_URL, {})})
+            await ws.send_str('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+            await ws.send_str(_start(CALL_SID, token))
+            async with asyncio.timeout(10):
+                while (await ws.receive()).type is not aiohttp.WSMsgType.CLOSE:
+                    pass
+            assert ws.close_code == 1011
+        await _until(lambda: gw.calls == {})
+    assert any("downlink failed" in r.getMessage() and CALL_SID in r.getMessage()
+               for r in caplog.records)
