@@ -410,6 +410,9 @@ class OpenAIRealtimeStream(_UploadableStream):
                             return
                 finally:
                     sender.cancel()
+                    await asyncio.wait({sender})  # not left running behind a closed session
+                    if not sender.cancelled():
+                        sender.exception()  # retrieved: raised above where it mattered
                 raise TranscriptionError(
                     "the realtime session closed before the final transcript")
         except TranscriptionError as exc:
