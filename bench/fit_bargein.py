@@ -46,14 +46,14 @@ _COLS = ("t_ms", "prob", "clean", *_GATE, "voicing", "dtmf", "bot")
 _BOT = {"silent": 0, "interruptible": 1, "non_interruptible": 2}
 
 # The thresholds searched, and their candidate values (barge_in.X and echo.X of CallSettings).
-# The echo veto's (the first seven) are held at the values the first fit left them (it found
-# nothing better on its train split): on today's windows the first-stop scoring below prefers
-# clean_p_min 0.1 with no_echo_corr 0.4, which a closed-loop replay of train calls (seed 3)
-# shows worse (false stops 25 -> 27 calls, p95 437 -> 575 ms; docs/bargein.md). What is
-# searched is the echo-cancelled path (clean_*). Its noise margin is searched from 3 dB up: a
-# first stop scores one false stop per call, and a TV or babble (which AEC3 leaves in, Silero
-# 0.6-0.7 on the cleaned window throughout) with no noise margin makes more of them on calls
-# that already have one (closed loop, seed 3: TV 3 -> 4 calls, 59 -> 52 resumes... ).
+# The echo veto's seven are held at the values the first fit left them (it found nothing better
+# on its train split): on today's windows the first-stop scoring below prefers clean_p_min 0.1,
+# worst_erl_db 6, any_lag_margin_db 3 and no_echo_corr 0.4, which a closed-loop replay of train
+# calls (seed 3) shows worse (false stops 20 -> 27 calls, p95 437 -> 575 ms; docs/bargein.md).
+# What is searched is the echo-cancelled path (clean_*) and start_windows. The path's noise
+# margin is searched from 3 dB up: a first stop counts one false stop per call, and a TV or
+# babble (which AEC3 leaves in: Silero 0.6-0.7 on the cancelled window throughout) with no
+# noise margin adds stops on calls that already have one (closed loop, train seed 3).
 SEARCH: dict[str, list[Any]] = {
     "barge_in.clean_p_min": [0.3],
     "barge_in.clean_veto_db": [15.0],

@@ -11,6 +11,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    path hears a voice under noise loud enough to mask it broadband (Silero deaf, the gate
    closed): on a line where the bot's echo is known not to come back, a clearly voiced window
    whose upper speech band (1.5-3.4 kHz) stands ``band_snr_db`` over that band's noise floor.
+   A fourth hears what the raw gate holds with an echo canceller in front: while the bot talks,
+   a window Silero calls speech on the *echo-cancelled* audio (``clean_on``) needs only small
+   margins over the predicted echo and the noise floor (``clean_echo_db``, ``clean_noise_db``).
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -80,8 +83,10 @@ CLEAN_CANDIDATE_DB = 0.0
 
 def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
     """Does the decision read this window's features (voicing, DTMF)? Only where
-    :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, and voiced-band
-    candidates on echo-free lines over the gate's floor ``min_level_dbfs``. The engine computes
+    :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, voiced-band
+    candidates on echo-free lines over the gate's floor ``min_level_dbfs``, and, while bot audio
+    is in the echo's lag range, windows over that floor and at least ``CLEAN_CANDIDATE_DB`` over
+    the predicted echo (the echo-cancelled path's candidates). The engine computes
     features for these windows alone (zeros elsewhere): skipping the rest saves most of their
     cost on a quiet or echo-only line."""
     if gate.passes:
