@@ -11,6 +11,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    path hears a voice under noise loud enough to mask it broadband (Silero deaf, the gate
    closed): on a line where the bot's echo is known not to come back, a clearly voiced window
    whose upper speech band (1.5-3.4 kHz) stands ``band_snr_db`` over that band's noise floor.
+   A fourth hears what the raw gate holds with an echo canceller in front: while the bot talks,
+   a window Silero calls speech on the *echo-cancelled* audio (``clean_on``) needs only small
+   margins over the predicted echo and the noise floor (``clean_echo_db``, ``clean_noise_db``).
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -42,6 +45,7 @@ from ._features import WindowFeatures
 
 __all__ = [
     "BAND_CANDIDATE_DB",
+    "CLEAN_CANDIDATE_DB",
     "BargeInPolicy",
     "BargeInSettings",
     "BotState",
@@ -69,14 +73,28 @@ where the upper band stands at least this far over its floor (``GateReading.band
 a policy's ``band_snr_db`` below this acts as this (:func:`wants_features`)."""
 
 
+_NO_ECHO_DB = -99.0  # GateReading.ref_db is -100 where no bot audio is in the lag range
+
+CLEAN_CANDIDATE_DB = 0.0
+"""The engine also computes features for windows at least this far over the predicted echo
+(and over the gate's floor) where the bot can be echoing: the echo-cancelled path of
+:meth:`BargeInPolicy.is_caller` reads their DTMF-likeness (AEC3 leaves a key tone in)."""
+
+
 def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
     """Does the decision read this window's features (voicing, DTMF)? Only where
-    :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, and voiced-band
-    candidates on echo-free lines over the gate's floor ``min_level_dbfs``. The engine computes
+    :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, voiced-band
+    candidates on echo-free lines over the gate's floor ``min_level_dbfs``, and, while bot audio
+    is in the echo's lag range, windows over that floor and at least ``CLEAN_CANDIDATE_DB`` over
+    the predicted echo (the echo-cancelled path's candidates). The engine computes
     features for these windows alone (zeros elsewhere): skipping the rest saves most of their
     cost on a quiet or echo-only line."""
-    return gate.passes or (gate.echo_free and gate.level_db >= min_level_dbfs
-                           and gate.band_snr_db >= BAND_CANDIDATE_DB)
+    if gate.passes:
+        return True
+    if gate.level_db < min_level_dbfs:
+        return False
+    return (gate.echo_free and gate.band_snr_db >= BAND_CANDIDATE_DB
+            or gate.ref_db > _NO_ECHO_DB and gate.level_db - gate.echo_db >= CLEAN_CANDIDATE_DB)
 
 
 class OverUninterruptible(enum.Enum):
@@ -171,6 +189,21 @@ class BargeInSettings:
     clean_veto_locked: bool = True
     """Apply that veto on a line whose echo delay the gate has locked too (path changes that
     the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
+    clean_on: float | None = 0.5
+    """With an echo canceller in front: a window Silero scores at least this on the
+    echo-cancelled audio is the caller even where the raw gate's margins fail it, if it stands
+    ``clean_echo_db`` over the predicted echo and ``clean_noise_db`` over the noise floor (the
+    gate's 8 dB echo margin holds a caller as loud as a strong echo for 300-600 ms, while AEC3
+    has removed the echo and Silero hears them on the cleaned window). None: off."""
+    clean_echo_db: float = 4.0
+    """... the margin over the predicted echo that path needs (values under
+    ``CLEAN_CANDIDATE_DB`` act as it: the engine computes no features under it)."""
+    clean_noise_db: float = 4.5
+    """... and over the noise floor (on a strong echo line the floor learns the echo)."""
+    clean_after_ms: float = 1280.0
+    """... and only once the bot's audio has been in the echo's lag range this long without a
+    break: AEC3 lets the first few hundred ms of echo through when a bot turn starts after a
+    silence, and Silero hears that on the cancelled window too."""
 
 
 class BotState(enum.Enum):
@@ -326,6 +359,7 @@ class BargeInPolicy:
         self._caller_window = False  # the last window stepped was the caller's
         self._resumed_window: int | None = None  # window of the last resume
         self._resumed_speech_ms = 0.0  # the speech that pause had counted
+        self._echo_windows = 0  # windows in a row with bot audio in the echo's lag range
 
     @property
     def gate_may_adapt(self) -> bool:
@@ -348,7 +382,7 @@ class BargeInPolicy:
                   clean_prob: float | None = None) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
         if not self._is_caller(prob, gate, feat):
-            return False
+            return self._clean_caller(prob, gate, feat, clean_prob)
         margin = self.settings.caller_margin_db
         if margin is not None and self.caller_db is not None and (
                 gate.level_db < self.caller_db - margin):
@@ -361,6 +395,25 @@ class BargeInPolicy:
             # just changed is not where the lock looks, and AEC3 takes ~1.4 s to follow it.
             return False
         return not self.echo_veto(clean_prob, gate)
+
+    def _clean_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
+                      clean_prob: float | None) -> bool:
+        """The echo-cancelled path: the raw gate failed the window, but Silero hears speech once
+        the bot's echo is removed and the window is not under the echo or noise it predicts."""
+        s = self.settings
+        if s.clean_on is None or clean_prob is None or clean_prob < s.clean_on:
+            return False
+        if gate.ref_db <= _NO_ECHO_DB or self._echo_windows * WINDOW_MS < s.clean_after_ms:
+            return False  # no (or just restarted) bot audio in the lag range: the raw gate
+        if prob < s.p_weak or feat.dtmf >= s.dtmf_max or gate.level_db < s.band_min_level_dbfs:
+            return False
+        if gate.level_db - gate.echo_db < max(s.clean_echo_db, CLEAN_CANDIDATE_DB):
+            return False
+        if gate.level_db - gate.noise_db < s.clean_noise_db:
+            return False
+        margin = s.caller_margin_db
+        return not (margin is not None and self.caller_db is not None
+                    and gate.level_db < self.caller_db - margin)
 
     def echo_veto(self, clean_prob: float, gate: GateReading) -> bool:
         """With an echo canceller in front: is this window, which the raw reading took for the
@@ -432,6 +485,8 @@ class BargeInPolicy:
         window. Returns the effects to carry out, in order."""
         s = self.settings
         view = bot if isinstance(bot, BotView) else BotView.of(bot)
+        echoing = gate.ref_db > _NO_ECHO_DB
+        self._echo_windows = self._echo_windows + 1 if echoing else 0
         caller = self.is_caller(prob, gate, feat, clean_prob)
         self._caller_window = caller
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max

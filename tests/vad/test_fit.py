@@ -71,3 +71,17 @@ def test_shipped_file_is_what_the_fit_produces() -> None:
                           passes=FIT["passes"])
     assert got["params"] == FIT["params"]
     assert got["train"] == FIT["train"]
+
+
+def test_logs_of_several_seeds_fit_as_one() -> None:
+    """``--seed 1 --seed 3``: the windows of both runs in one log, each call's rows its own."""
+    rows = [_window(32.0 * (k + 1), 0.02, -60.0) for k in range(31)]
+    rows += [_window(32.0 * (k + 1), 0.99, -20.0) for k in range(31, 40)]
+    hit = {"expect": {"barge_in": True, "barge_in_onset_ms": 1000.0},
+           "bot_turns": [{"start_ms": 0.0, "end_ms": 5000.0}],
+           "events": [{"kind": "speech", "start_ms": 1000.0, "end_ms": 1500.0}]}
+    early = dict(hit, expect={"barge_in": True, "barge_in_onset_ms": 2000.0})
+    both = fit_bargein._concat([_log(rows, hit), _log(rows, early)])
+    assert [(m["start"], m["end"]) for m in both["meta"]] == [(0, 40), (40, 80)]
+    s = fit_bargein.score(both, {})
+    assert (s["calls"], s["detected"], s["false_stops"]) == (2, 1, 1)

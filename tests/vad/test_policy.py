@@ -27,6 +27,7 @@ from vad import (
     SpeechStopped,
     Suppressed,
     WindowFeatures,
+    wants_features,
 )
 
 QUIET_LINE = GateReading(level_db=-30.0, echo_db=-100.0, noise_db=-40.0, echo_locked=False,
@@ -307,3 +308,59 @@ def test_carry_ms_counts_a_pause_after_a_quick_resume_as_the_same_barge_in() -> 
     assert carried.count(Decision.RESUME) == 1 and carried[-1] is Decision.COMMIT
     # Speech again 14 windows (448 ms) after the resume, past a 300 ms carry: from zero.
     assert Decision.COMMIT not in run(BargeInPolicy(BargeInSettings(carry_ms=300.0)), 12)
+
+
+# A caller as loud as a strong echo: 4 dB over the predicted echo and the noise floor (the raw
+# gate's 8/6 dB margins fail it), while the bot talks; AEC3 has removed the echo.
+OVER_ECHO = GateReading(level_db=-26.0, echo_db=-30.0, noise_db=-30.0, echo_locked=True,
+                        passes=False, ref_db=-10.0, erl_db=20.0, echo_corr=0.9)
+CLEAN = BargeInSettings(clean_on=0.5, clean_echo_db=3.0, clean_noise_db=3.0,
+                        clean_after_ms=320.0)
+
+
+def _bot_talked(policy: BargeInPolicy, ms: float) -> None:
+    quiet = replace(OVER_ECHO, level_db=-45.0)  # the bot's echo alone, cancelled
+    for _ in range(int(ms // 32)):
+        assert policy.step(0.9, quiet, VOICED, BotState.INTERRUPTIBLE, clean_prob=0.02) == []
+
+
+def test_clean_path_hears_the_caller_the_raw_gate_holds() -> None:
+    policy = BargeInPolicy(CLEAN)
+    _bot_talked(policy, 352.0)
+    assert not BargeInPolicy().is_caller(0.98, OVER_ECHO, VOICED, clean_prob=0.9)  # off
+    assert policy.is_caller(0.98, OVER_ECHO, VOICED, clean_prob=0.9)
+    assert policy.step(0.98, OVER_ECHO, VOICED, BotState.INTERRUPTIBLE, clean_prob=0.9) == []
+    assert kinds(policy.step(0.98, OVER_ECHO, VOICED, BotState.INTERRUPTIBLE,
+                             clean_prob=0.9)) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+@pytest.mark.parametrize(("gate", "feat", "clean"), [
+    (OVER_ECHO, VOICED, 0.3),  # Silero does not hear speech once the echo is removed
+    (OVER_ECHO, VOICED, None),  # no canceller in front
+    (replace(OVER_ECHO, level_db=-28.0), VOICED, 0.9),  # 2 dB over the echo: under the margin
+    (replace(OVER_ECHO, noise_db=-27.0), VOICED, 0.9),  # babble: 1 dB over the noise floor
+    (replace(OVER_ECHO, ref_db=-100.0, echo_db=-100.0), VOICED, 0.9),  # the bot is silent
+    (OVER_ECHO, WindowFeatures(voicing=0.75, dtmf=0.8), 0.9),  # a key tone AEC3 leaves in
+])
+def test_clean_path_guards(gate: GateReading, feat: WindowFeatures, clean: float | None) -> None:
+    policy = BargeInPolicy(CLEAN)
+    _bot_talked(policy, 352.0)
+    assert not policy.is_caller(0.98, gate, feat, clean_prob=clean)
+
+
+def test_clean_path_waits_for_the_bot_turn_to_settle() -> None:
+    """AEC3 lets the first few hundred ms of a bot turn's echo through after a silence."""
+    policy = BargeInPolicy(CLEAN)
+    _bot_talked(policy, 160.0)
+    assert not policy.is_caller(0.98, OVER_ECHO, VOICED, clean_prob=0.9)
+    _bot_talked(policy, 192.0)
+    assert policy.is_caller(0.98, OVER_ECHO, VOICED, clean_prob=0.9)
+    silent = replace(QUIET_LINE, level_db=-60.0)
+    policy.step(0.01, silent, VOICED, BotState.SILENT, clean_prob=0.01)  # a gap: count again
+    assert not policy.is_caller(0.98, OVER_ECHO, VOICED, clean_prob=0.9)
+
+
+def test_the_engine_computes_features_for_clean_path_candidates() -> None:
+    assert wants_features(OVER_ECHO, -55.0)  # the clean path reads its DTMF-likeness
+    assert not wants_features(replace(OVER_ECHO, level_db=-31.0), -55.0)  # under the echo
+    assert not wants_features(replace(OVER_ECHO, ref_db=-100.0), -55.0)  # no bot audio
