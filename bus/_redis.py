@@ -709,8 +709,9 @@ class RedisBus(Bus):
     async def _sleep(self, delay: float) -> None:
         """Sleep, but raise BusClosedError as soon as the bus starts closing."""
         assert self._closing is not None
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._closing), delay)
+        # asyncio.wait, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # lands as the awaited future completes (see _flush_until).
+        await asyncio.wait({self._closing}, timeout=delay)
         self._check_open()
 
     async def _until_closed(self, aw: Awaitable[T]) -> T:
@@ -976,9 +977,14 @@ class RedisBus(Bus):
                 return False
             waiter: asyncio.Future[None] = loop.create_future()
             self._flush_waiters.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, remaining)
-            except asyncio.TimeoutError:
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for returns the result of a
+            # future that completed as the caller was cancelled, and swallows the cancellation.
+            # A worker's call task waits here after every uplink step; a SIGTERM landing as the
+            # writer released the waiters was lost, and the call went on reading its uplink:
+            # the worker never exited (tests/faults/test_worker_stops.py).
+            await asyncio.wait({waiter}, timeout=remaining)
+            if not waiter.done():
+                waiter.cancel()
                 return self._buf.committed_seq >= target
         return True
 
