@@ -389,8 +389,10 @@ class _Outage:
         self.since: float | None = None
         # The buffer's last seq when the server first answered again: back once it is written.
         self._backlog: int | None = None
+        self.last_failure = -math.inf  # monotonic time of the latest failed command, any task
 
     def lost(self, exc: BaseException) -> None:
+        self.last_failure = time.monotonic()
         self._backlog = None  # failed again mid-flush: back only after the server answers anew
         if self.since is not None:
             return
@@ -1193,6 +1195,12 @@ class RedisBus(Bus):
                             taken.append(info)
                         continue
                     now = time.monotonic()
+                    if now >= next_scan and now < self._scan_hold_until():
+                        next_scan = self._scan_hold_until()
+                        log.info("bus %s: worker %s takes over no call until %.1f s from now: "
+                                 "Redis was away, and its owners renew their lapsed leases first",
+                                 self.bus_id, worker_id, next_scan - now)  # fmt: skip
+                        continue
                     if now >= next_scan:
                         cursor = await self._until_closed(
                             self._scan_orphans(worker_id, shards[scanning], cursor, taken)
@@ -1240,6 +1248,17 @@ class RedisBus(Bus):
             if pump_client is not None:
                 await asyncio.shield(pump_client.aclose())
             self._give_back(taken, [(shard, entry_id) for shard, entry_id, _ in unread], worker_id)
+
+    def _scan_hold_until(self) -> float:
+        """No orphan scan before this (monotonic): one claim-idle period after this bus last
+        saw Redis fail. An outage longer than the lease lapses every lease and idles every
+        registry entry at once; when Redis is back the owners' heartbeats take their leases
+        back (``_RENEW``: lapsed, nobody took it) and touch their entries, and only what is
+        still idle after that is orphaned. Without the hold every claim loop raced the owners'
+        renewals and live calls moved between live workers at once (bench.chaos: 3 calls w3 ->
+        w2 after one 5 s outage). A worker that died during the outage is taken over one
+        claim-idle period later than otherwise."""
+        return self._outage.last_failure + self._claim_idle_ms / 1000
 
     async def _pump_calls(
         self, redis: Any, shard: str, worker_id: str, inbox: asyncio.Queue[tuple[str, str, Any]]
