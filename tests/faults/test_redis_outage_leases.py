@@ -12,8 +12,6 @@ its pending list without a lease check and answered by nobody (one call lost "01
 from __future__ import annotations
 
 import asyncio
-import json
-import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from bus import CallInfo, OwnershipLostError, RedisBus
 from tests.redis_server import RedisServer
 
+from ._workers import answers, key, owners, start_workers
 from .conftest import Processes, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -34,37 +33,6 @@ CALLS = 6
 WORKERS = 3
 LEASE_S = 2.0  # the bus's default worker_ttl_s
 OUTAGE_S = 2 * LEASE_S  # the fault itself: Redis away this long (not a wait for anything)
-ANSWER = "You pressed "
-
-CONFIG = textwrap.dedent(
-    """
-    default_agent: dtmf
-    agents:
-      dtmf:
-        barge_in:
-          dtmf_interrupts: false
-        nodes:
-          - {kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}
-    """
-)
-
-
-def _key(sid: str, part: str) -> str:
-    return f"cg:{{{sid}}}:{part}"
-
-
-async def _answers(raw: Redis, sid: str) -> str:
-    """The digits answered on the call's downlink, in order, once per event id."""
-    seen: set[str] = set()
-    digits = []
-    for _, fields in await raw.xrange(_key(sid, "down")):
-        event = json.loads(fields[b"e"]) if b"e" in fields else {}
-        text = str(event.get("text") or "")
-        if event.get("type") == "utterance_start" and text.startswith(ANSWER):
-            if str(event.get("eid")) not in seen:
-                seen.add(str(event.get("eid")))
-                digits.append(text.removeprefix(ANSWER))
-    return "".join(digits)
 
 
 def _id(stream_id: str) -> tuple[int, int]:
@@ -72,20 +40,11 @@ def _id(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-async def _owners(raw: Redis, sids: list[str]) -> dict[str, str]:
-    return {sid: (await raw.get(_key(sid, "owner")) or b"").decode() for sid in sids}
-
-
 async def test_calls_stay_with_their_live_owners_across_an_outage_longer_than_the_lease(
     make_redis_server, processes: Processes, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     server: RedisServer = make_redis_server("--appendonly", "yes", "--appendfsync", "always")
-    config = tmp_path / "agents.yaml"
-    config.write_text(CONFIG)
     workers = [f"w{i + 1}" for i in range(WORKERS)]
-    for wid in workers:
-        processes.start(wid, "--log-level", "INFO", "worker", "--redis", server.url, "--config",
-                        str(config), "--worker-id", wid, "--drain-timeout", "0")  # fmt: skip
     # The test's own reads retry across the restart (the first command meets a dead socket).
     raw = Redis.from_url(server.url, socket_timeout=5, retry=Retry(ExponentialBackoff(), 8),
                          retry_on_error=[RedisConnectionError])  # fmt: skip
@@ -100,25 +59,24 @@ async def test_calls_stay_with_their_live_owners_across_an_outage_longer_than_th
 
     async def all_answered() -> bool:
         for sid in sids:
-            if len(await _answers(raw, sid)) < len(sent[sid]):
+            if len(await answers(raw, sid)) < len(sent[sid]):
                 return False
         return True
 
     try:
-        for wid in workers:
-            await eventually(lambda wid=wid: raw.exists(f"cg:worker:{wid}"), 120, f"{wid} up")
+        await start_workers(processes, raw, server.url, tmp_path, workers)
         async with RedisBus(server.url, bus_id="gw") as gw:
             for sid in sids:
                 await gw.open_call(CallInfo(sid, agent="dtmf"))
                 await gw.publish(sid, {"type": "call_started", "agent": "dtmf"})
 
             async def owned() -> bool:
-                return all(o in workers for o in (await _owners(raw, sids)).values())
+                return all(o in workers for o in (await owners(raw, sids)).values())
 
             await eventually(owned, 60, "every call owned")
             await press("0")
             await eventually(all_answered, 60, "answers to 0")
-            before = await _owners(raw, sids)
+            before = await owners(raw, sids)
 
             server.kill()
             await press("12")  # during the outage: buffered by the gateway's bus
@@ -126,8 +84,9 @@ async def test_calls_stay_with_their_live_owners_across_an_outage_longer_than_th
             await asyncio.to_thread(server.start)
             await press("3")  # after it
             await eventually(all_answered, 60, "answers to 1, 2 and 3")
-            after = await _owners(raw, sids)
-            answered = {sid: await _answers(raw, sid) for sid in sids}
+            await eventually(owned, 60, "every call owned")  # (a lease may lapse under load)
+            after = await owners(raw, sids)
+            answered = {sid: await answers(raw, sid) for sid in sids}
             for sid in sids:
                 await gw.publish(sid, {"type": "call_ended", "reason": "stop"})
                 await gw.close_call(sid)
@@ -160,26 +119,26 @@ async def test_a_message_arriving_after_the_owner_lost_the_call_goes_to_the_new_
             first = await asyncio.wait_for(anext(mine), 10)
             await old.ack(sid, first.id)
             # The old owner's lease lapses (Redis away longer than it) and the new one takes it.
-            await raw.delete(_key(sid, "owner"))
+            await raw.delete(key(sid, "owner"))
             code, _, _ = await new._acquire(sid, "w-new", orphan=True)
             assert code == 2
             await eventually(lambda: sid in old._lost, 10, "the old owner learning it lost the call")
             # The old owner's iterator is parked at its last message: it has not seen the mark.
             await gw.publish(sid, {"type": "dtmf", "digit": "7"})
             await gw.flush()
-            [(press_id, _)] = await raw.xrevrange(_key(sid, "up"), count=1)
+            [(press_id, _)] = await raw.xrevrange(key(sid, "up"), count=1)
             press = press_id.decode()
             [shard] = [s for s in old._up_readers["w-old"].shards if s.subs]
-            key = _key(sid, "up").encode()
+            up_key = key(sid, "up").encode()
 
             async def looked_at_it() -> bool:
-                pending = await raw.xpending_range(_key(sid, "up"), "workers", "-", "+", 10,
+                pending = await raw.xpending_range(key(sid, "up"), "workers", "-", "+", 10,
                                                    consumername="w-old")  # fmt: skip
-                seen = key in shard._pos and _id(shard._pos[key]) >= _id(press)
+                seen = up_key in shard._pos and _id(shard._pos[up_key]) >= _id(press)
                 return bool(pending) or seen
 
             await eventually(looked_at_it, 10, "the old owner's reader seeing the key press")
-            pending = await raw.xpending_range(_key(sid, "up"), "workers", "-", "+", 10,
+            pending = await raw.xpending_range(key(sid, "up"), "workers", "-", "+", 10,
                                                consumername="w-old")  # fmt: skip
             assert pending == [], "claimed by the worker that lost the call"
             theirs = new.uplink(sid, "w-new")
