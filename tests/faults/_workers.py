@@ -4,28 +4,18 @@ keys a test reads to see what they did (the gateway's side is a ``RedisBus`` in 
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 from redis.asyncio import Redis
 
+from ._agents import DTMF_AGENTS_YAML
 from .conftest import Processes, eventually
 
 __all__ = ["ANSWER", "DTMF_CONFIG", "answers", "key", "owners", "start_workers"]
 
 ANSWER = "You pressed "
 
-DTMF_CONFIG = textwrap.dedent(
-    """
-    default_agent: dtmf
-    agents:
-      dtmf:
-        barge_in:
-          dtmf_interrupts: false
-        nodes:
-          - {kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}
-    """
-)
+DTMF_CONFIG = DTMF_AGENTS_YAML
 
 
 def key(sid: str, part: str) -> str:

@@ -11,10 +11,18 @@ uplink (4 calls, key presses and playback reports) it hung in the 1st to 5th, ev
 from __future__ import annotations
 
 import asyncio
+import signal
+from pathlib import Path
 
-from bus import RedisBus
+import pytest
+from redis.asyncio import Redis
+
+from bus import CallInfo, RedisBus
 from bus import protocol as bp
-from tests.redis_server import _free_port
+from tests.redis_server import RedisServer, _free_port
+
+from ._agents import DTMF_AGENTS_YAML
+from .conftest import Processes, eventually
 
 SID = "CA00000000000000000000000000000b16"
 
@@ -37,3 +45,40 @@ async def test_a_flush_wait_cancelled_as_the_writer_releases_it_is_cancelled() -
         assert flushing.cancelled()
     finally:
         await bus.aclose()
+
+
+STUBBORN = DTMF_AGENTS_YAML.replace("tests.faults._agents:DtmfEcho", "tests.faults._agents:Stubborn")
+
+
+@pytest.mark.redis
+async def test_a_worker_whose_agent_ignores_cancellation_still_exits(
+    redis_server: RedisServer, processes: Processes, tmp_path: Path
+) -> None:
+    """SIGTERM, drain timeout 0, a call stuck in an agent that swallows every cancellation: the
+    worker abandons the call after its grace (logged with what it awaits) and the process exits
+    (before: it waited for the call for good)."""
+    config = tmp_path / "agents.yaml"
+    config.write_text(STUBBORN)
+    raw = Redis.from_url(redis_server.url)
+    try:
+        w1 = processes.start("w1", "--log-level", "INFO", "worker", "--redis", redis_server.url,
+                             "--config", str(config), "--worker-id", "w1", "--drain-timeout", "0")
+        await eventually(lambda: raw.exists("cg:worker:w1"), 120, "w1 up")
+        async with RedisBus(redis_server.url, bus_id="gw") as gw:
+            await gw.open_call(CallInfo(SID, agent="dtmf"))
+            await gw.publish(SID, {"type": "call_started", "agent": "dtmf"})
+            await gw.publish(SID, {"type": "dtmf", "digit": "5"})
+            await eventually(lambda: _answered(raw), 60, "the answer (the node is stuck after it)")
+            w1.send_signal(signal.SIGTERM)
+            await eventually(lambda: w1.poll() is not None, 60, "w1 exiting")
+    finally:
+        await raw.aclose()
+    log = processes.log("w1")
+    assert w1.returncode == 1, log[-2000:]
+    assert f"call {SID} abandoned" in log and "in its clean-up" in log
+    assert "exiting" in log
+
+
+async def _answered(raw: Redis) -> bool:
+    return any(b"You pressed 5" in fields.get(b"e", b"")
+               for _, fields in await raw.xrange(f"cg:{{{SID}}}:down"))
