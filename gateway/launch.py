@@ -12,9 +12,11 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -228,6 +230,25 @@ async def _serve_until_drained(app: web.Application, sock: socket.socket,
         await runner.cleanup()  # after a failed setup too: it closes the contexts entered
 
 
+WORKER_EXIT_S = 15.0
+"""Once its session worker has stopped, the longest a ``callgate worker`` takes to exit (the bus
+flushes and hands its calls back, asyncio cancels what is left) before it exits anyway: a call
+the worker abandoned (an agent that ignores its cancellation; logged with its stack) must not
+keep a stopped worker alive."""
+
+
+def _exit_unless_done_in(seconds: float) -> None:
+    def exit_now() -> None:
+        log.error("worker: still running %.0f s after it stopped (an abandoned call that ignores "
+                  "its cancellation); exiting", seconds)  # fmt: skip
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True  # a process that exits in time never waits for it
+    timer.start()
+
+
 def run_worker(args: argparse.Namespace) -> int:
     """``callgate worker --redis URL``: a session-worker process."""
     holder = _config(args, "worker")
@@ -259,6 +280,7 @@ def run_worker(args: argparse.Namespace) -> int:
             finally:
                 if runner is not None:
                     await runner.cleanup()
+                _exit_unless_done_in(WORKER_EXIT_S)
 
     try:
         asyncio.run(main())

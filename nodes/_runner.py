@@ -8,10 +8,11 @@
 
 Each call gets the agent of the config in force when it starts (``agent_factory_from_config``).
 On ``stop`` the worker claims no more calls, lets the calls in progress finish for up to
-``drain_timeout_s``, then cancels the rest: their conversation is saved and their unacked events
-stay pending, so once the bus closes (``EmbeddedBus`` and ``RedisBus`` hand the calls they own
-back to the pool in ``aclose``) another worker claims them and goes on. ``run_worker`` leaves the
-bus open: its owner closes it.
+``drain_timeout_s`` (what each one still going was doing is logged then), then cancels the rest:
+their conversation is saved and their unacked events stay pending, so once the bus closes (``EmbeddedBus`` and ``RedisBus`` hand the calls they own
+back to the pool in ``aclose``) another worker claims them and goes on. The cancelling takes at
+most ``SessionWorker.aclose``'s grace (5 s): a call that does not stop by then is abandoned and
+logged with what it awaits. ``run_worker`` leaves the bus open: its owner closes it.
 
 Text to speech: ``SessionWorker`` takes one synthesizer for all its calls, so the worker speaks
 with the TTS of the config's ``default_agent`` (``synthesizer_for``).
@@ -152,8 +153,14 @@ async def run_worker(
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.wait({task})
-        await worker.aclose()  # what is left: cancelled, its conversation saved
-        logger.info("worker %s: stopped", worker.worker_id)
+        # What is left: cancelled, its conversation saved; within a bounded grace whatever the
+        # calls are doing (a call that will not stop is abandoned, logged with its stack).
+        abandoned = await worker.aclose()
+        if abandoned:
+            logger.error("worker %s: stopped, abandoning %d calls that did not stop: %s",
+                         worker.worker_id, len(abandoned), ", ".join(abandoned))  # fmt: skip
+        else:
+            logger.info("worker %s: stopped", worker.worker_id)
 
 
 async def _drain(worker: SessionWorker, timeout_s: float | None) -> None:
@@ -164,10 +171,16 @@ async def _drain(worker: SessionWorker, timeout_s: float | None) -> None:
         logger.info("worker %s: handing %d calls back", worker.worker_id, len(calls))
         return
     logger.info("worker %s: waiting for %d calls to end", worker.worker_id, len(calls))
-    joins = [asyncio.get_running_loop().create_task(worker.join(sid)) for sid in calls]
+    joins = {asyncio.get_running_loop().create_task(worker.join(sid)): sid for sid in calls}
     _, pending = await asyncio.wait(joins, timeout=timeout_s)
     for task in pending:
         task.cancel()
     if pending:
         await asyncio.wait(pending)
         logger.warning("worker %s: handing %d calls back", worker.worker_id, len(pending))
+        # What each was doing when the drain ran out (a call that never ends, or a stuck one).
+        doing = worker.describe_calls()
+        for task in pending:
+            sid = joins[task]
+            logger.info("worker %s: call %s still going at the drain timeout: %s",
+                        worker.worker_id, sid, doing.get(sid, "done"))  # fmt: skip

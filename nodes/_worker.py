@@ -82,6 +82,7 @@ import logging
 import os
 import socket
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -116,6 +117,7 @@ from ._events import (
 from ._node import Node
 from ._output_agent import OutputAgentNode
 from ._session import AgentSession, SessionState
+from ._stacks import await_chain
 from ._reactions import Reaction, tag
 from ._tts import Synthesizer, ToneSynthesizer
 from ._turns import drop_last_user_turn
@@ -133,6 +135,11 @@ SNAPSHOT_VERSION = 1
 # still unheard would have played, twice over, with a warning, so the call goes on with a gap
 # instead of in silence.
 _STALL_GRACE_S = 2.0
+
+# How long ``aclose`` waits for the calls it cancelled before it abandons them, and how often
+# it cancels again one whose cancellation was swallowed before its clean-up began.
+STOP_GRACE_S = 5.0
+_RECANCEL_S = 0.05
 
 # Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
 _KEPT_EIDS = 1000
@@ -268,6 +275,8 @@ class SessionWorker:
         self._output_buffer = output_buffer
         self._calls: dict[str, _Call] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # call tasks in their clean-up (``_finish``): a cancellation reached them
+        self._finishing: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -309,13 +318,43 @@ class SessionWorker:
         if task is not None:
             await asyncio.wait({task})
 
-    async def aclose(self) -> None:
-        """Cancel the calls in progress (their state stays saved for another worker)."""
-        tasks = list(self._tasks.values())
-        for task in tasks:
+    async def aclose(self, grace_s: float = STOP_GRACE_S) -> list[str]:
+        """Cancel the calls in progress (their state stays saved for another worker).
+
+        Returns within about ``grace_s`` whatever the calls are doing: a call task whose
+        cancellation was swallowed before it reached its clean-up (Python 3.11's
+        ``asyncio.wait_for``, in a library or an agent, returns a result that came with the
+        cancellation) is cancelled again; one still running at the end of the grace (its
+        clean-up stuck on an agent that ignores cancellation) is abandoned, and logged with
+        what it awaits. Returns the SIDs of the calls abandoned.
+        """
+        tasks = dict(self._tasks)
+        for task in tasks.values():
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        pending = set(tasks.values())
+        while pending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(_RECANCEL_S, remaining))
+            for task in pending:
+                if task not in self._finishing:
+                    task.cancel()  # the last one was swallowed: the call went on
+        abandoned = [sid for sid, task in tasks.items() if task in pending]
+        for sid in abandoned:
+            logger.error(
+                "worker %s: call %s abandoned: still running %.1f s after it was told to stop "
+                "(%s); awaiting: %s", self.worker_id, sid, grace_s,
+                "in its clean-up" if tasks[sid] in self._finishing else "its cancellation lost",
+                await_chain(tasks[sid]),
+            )  # fmt: skip
+        return abandoned
+
+    def describe_calls(self) -> dict[str, str]:
+        """What each call's task is awaiting now (call SID -> its await chain), for logs."""
+        return {sid: await_chain(task) for sid, task in self._tasks.items()}
 
     async def handle_call(self, call: CallInfo) -> None:
         """Run one call from claim to ``call_ended``."""
@@ -367,6 +406,9 @@ class SessionWorker:
                 "session stopped here, nothing more is sent, acked or saved", call.call_sid,
             )
         finally:
+            current = asyncio.current_task()
+            if current is not None:
+                self._finishing.add(current)
             await self._finish(state, setup_task, pump_task, ended_normally)
 
     # -- setup ------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from bus import RedisBus
 from gateway import twilio_protocol as tp
 from gateway.twilio_sim import TwilioPlayout
 from tests.bus.conftest import eventually
+from tests.faults._agents import DTMF_AGENTS_YAML
 from tests.faults.conftest import Processes
 from tests.redis_server import _free_port
 
@@ -42,24 +43,16 @@ START_S = 180.0  # a gateway loads torch, Silero and its STT pool: slow on a loa
 
 
 def fleet_config(drain_timeout_s: float) -> str:
-    """The fleet's agent: DtmfEcho; key presses do not interrupt the bot (an interrupt would
-    drop a queued answer, which is not what these tests count)."""
+    """The fleet's agent: DtmfEcho, key presses not interrupting the bot (tests.faults._agents)."""
     return textwrap.dedent(
-        f"""
+        f"""\
         server:
           max_calls: 1000
           drain_timeout_s: {drain_timeout_s}
         twilio:
           validate_signatures: false  # the callers here are the tests, not Twilio
-        default_agent: dtmf
-        agents:
-          dtmf:
-            barge_in:
-              dtmf_interrupts: false
-            nodes:
-              - {{kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}}
         """
-    )
+    ) + DTMF_AGENTS_YAML
 
 
 def connect_redis(url: str) -> Redis | RedisCluster:
