@@ -8,7 +8,12 @@ VAD sees, settle those cases:
   speech reaches 0.6-0.98 within a window or two of its onset; coughs, clicks, keyboard and door
   slams stay under 0.55.
 * ``dtmf``: the share of the window's energy at one DTMF low-group plus one high-group
-  frequency. A keypress puts 80-95% there; speech almost never more than 40%.
+  frequency, when the two are within ``MAX_TWIST_DB`` of each other (0 otherwise). A keypress
+  puts 80-95% there; speech almost never more than 40%. The twist rule is what tells a key from
+  a vowel: a first formant at 700-940 Hz can put 60%+ of a window in one low-group band alone
+  (32 of the dev voices' 760 voiced windows, all at Silero 0.89-1.00, read as key tones and were
+  vetoed as "not the caller", which cost the turn detector its pitch at pauses: docs/turns.md),
+  while a key is always both tones, at near-equal levels.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ _HANN = np.hanning(_N)
 _LOW = (697.0, 770.0, 852.0, 941.0)
 _HIGH = (1209.0, 1336.0, 1477.0, 1633.0)
 _MIN_LAG, _MAX_LAG = 20, 128  # 400 Hz .. 62.5 Hz
+MAX_TWIST_DB = 10.0
+"""Largest level difference between a key's two tones that still reads as a key: ITU-T Q.24
+lets a receiver accept up to 8 dB of twist; 2 dB more for the handset and the codec."""
+_TWIST = 10.0 ** (-MAX_TWIST_DB / 10.0)
 
 
 def _band_bins(freqs: tuple[float, ...]) -> list[np.ndarray]:
@@ -91,6 +100,7 @@ def features_batch(windows: np.ndarray, previous: np.ndarray,
     total = p.sum(axis=1)
     lo = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _LOW_BINS]), axis=0)
     hi = np.max(np.stack([p[:, bins].sum(axis=1) for bins in _HIGH_BINS]), axis=0)
-    dtmf = np.where(total > 1e-12, (lo + hi) / np.maximum(total, 1e-300), 0.0)
+    both = np.minimum(lo, hi) >= _TWIST * np.maximum(lo, hi)  # two tones, not one formant
+    dtmf = np.where((total > 1e-12) & both, (lo + hi) / np.maximum(total, 1e-300), 0.0)
     return [WindowFeatures(v, d) for v, d in zip(np.minimum(voicing, 1.0).tolist(), dtmf.tolist(),
                                                  strict=True)]

@@ -87,16 +87,16 @@ class ProsodyWeights:
     on the verdicts of today's VAD chain: the fit and its inputs' hash are in
     ``vad/turn_fit.json`` (tests/turns/test_turn_fit.py: these defaults are the file's, the file
     is what the fit gives, and the VAD chain still gives the verdicts it was fitted on). ROC AUC
-    0.68 on train, 0.62 on the held-out voices (0.71 / 0.80 before the barge-in policy's DTMF
-    veto dropped some voiced windows: docs/turns.md). The level's decay into the pause was
+    0.68 on train, 0.74 on the held-out voices (refitted once the DTMF feature stopped reading
+    a vowel's first formant as a key tone; with that misreading 0.68 / 0.62: docs/turns.md). The level's decay into the pause was
     tried and dropped: AUC 0.56 on train, 0.12 (inverted) on the held-out voices."""
 
-    bias: float = 0.113
+    bias: float = 0.045
     """Log-odds of a turn end with every feature at zero."""
-    pitch_position: float = -0.706
+    pitch_position: float = -0.528
     """Per unit of the final pitch (median of the last 3 voiced windows, ~100 ms) within the
     speaker's range in this turn (0 = its 10th percentile, 1 = its 90th): ending low says done."""
-    pitch_slope: float = -0.0153
+    pitch_slope: float = -0.0174
     """Per semitone/s of the pitch slope over the last 8 voiced windows (~250 ms, clipped to
     +-60): falling says done."""
     short_turn: float = 1.5

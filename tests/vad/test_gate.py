@@ -153,6 +153,17 @@ def test_features_tell_dtmf_and_voice() -> None:
     assert f_voice.voicing > 0.8 and f_noise.voicing < 0.55
 
 
+def test_one_strong_low_band_is_a_vowel_not_a_key() -> None:
+    """A first formant in a DTMF low-group band (an open vowel, its energy mostly at 770 Hz) is
+    not a key press; a key with its two tones 6 dB apart still is (the twist rule)."""
+    t = np.arange(WINDOW) / 8000
+    formant = 0.5 * np.sin(2 * np.pi * 770 * t) + 0.02 * np.sin(2 * np.pi * 1336 * t)
+    twisted = 0.4 * np.sin(2 * np.pi * 852 * t) + 0.2 * np.sin(2 * np.pi * 1477 * t)  # "9", 6 dB
+    f_vowel, f_key = features_batch(np.stack([formant, twisted]), np.zeros((2, 128)))
+    assert f_vowel.dtmf == 0.0
+    assert f_key.dtmf > 0.8
+
+
 async def test_engine_streams_with_a_gate_get_what_they_get_alone() -> None:
     """30 gated calls at once through one engine, with two agents' gate settings: every
     window's probability, gate reading and features equal the same call's run alone."""
