@@ -495,17 +495,24 @@ async def test_barge_in_drops_responses_queued_behind_the_interrupted_one(bus: B
 
 
 class Chunked(OutputAgentNode):
-    """Three chunks; with a lookahead the second is pulled only once the caller hears the first."""
+    """Three chunks; with a lookahead the second is pulled only once the caller hears the first.
+    Answers a key press with "You pressed <digit>"."""
+
+    async def process_event(self, event: SDKEvent) -> None:
+        if isinstance(event, SDKSystemUserDTMFEvent):
+            await self.speak(f"You pressed {event.digit}")
+        await super().process_event(event)
 
     async def generate_response(self) -> AsyncIterator[str]:
         for n in range(3):
             yield f"Part {n} of the answer. "
 
 
-async def test_a_transcript_dropped_by_an_interrupt_before_any_node_took_it_is_acked(bus: Bus) -> None:
-    """A second turn queued behind the node's paced answer to the first, then a barge-in: the node
-    drops the queued turn without taking it into its context, and the worker must settle it (ack
-    it) rather than wait for it to be applied for the rest of the call, holding every later ack."""
+async def test_the_caller_s_input_queued_behind_an_answer_outlives_a_barge_in(bus: Bus) -> None:
+    """A key press and a second turn queued behind the node's paced answer to the first, then a
+    barge-in: the bot's work is dropped, the caller's input is not (the key is answered, the
+    words are in the conversation), and every uplink event is settled (acked): none is held
+    waiting to be applied for the rest of the call."""
     node = Chunked(name="alpha")
 
     async def setup(session: AgentSession) -> None:
@@ -518,17 +525,21 @@ async def test_a_transcript_dropped_by_an_interrupt_before_any_node_took_it_is_a
         line = await open_line(bus, "CA9001")
         await line.publish({"type": "transcript", "text": "Hello?", "final": True})
         start = await line.next("utterance_start")
+        await line.publish({"type": "dtmf", "digit": "5"})
         await line.publish({"type": "transcript", "text": "Are you there?", "final": True})
 
         def unapplied() -> int:
             state = worker._calls.get("CA9001")
             return -1 if state is None else len(state.unapplied)
 
-        await guard(_until(lambda: unapplied() == 2))  # both turns owed an answer
+        await guard(_until(lambda: unapplied() == 3))  # all three queued, owed their effects
         await line.publish({"type": "interrupt", "utterance_id": start["utterance_id"], "heard_ms": 0})
-        await guard(_until(lambda: unapplied() == 0))  # both settled: nothing left to ack
+        await guard(_until(lambda: unapplied() == 0))  # every one settled: nothing left to ack
         await line.end(worker)
-    assert node.context.messages[0] == {"role": "user", "content": "Hello?"}
+    spoken = [e.get("text") for e in line.of("utterance_start")]
+    assert "You pressed 5" in spoken
+    users = [m["content"] for m in node.context.messages if m["role"] == "user"]
+    assert users == ["Hello?", "Are you there?"]
 
 
 async def _until(condition: Any) -> None:
