@@ -235,6 +235,7 @@ async def play_call(
     closed_by_gateway = False
     closing = False
     events: list[dict[str, Any]] = []
+    reached_ms = 0.0  # the inbound media time the gateway has reported having processed
     async with aiohttp.ClientSession() as http:
         ops_ws: aiohttp.ClientWebSocketResponse | None = None
         if events_url is not None:
@@ -246,6 +247,7 @@ async def play_call(
                             "printing the summary only")
 
         async def watch() -> None:
+            nonlocal reached_ms
             assert ops_ws is not None
             async for msg in ops_ws:
                 if msg.type is not aiohttp.WSMsgType.TEXT:
@@ -253,6 +255,8 @@ async def play_call(
                 obj = json.loads(msg.data)
                 if obj.get("kind") == "end":
                     break
+                if obj.get("kind") == "sample" and obj.get("dir") == "in":
+                    reached_ms = max(reached_ms, float(obj["t_ms"]))
                 if obj.get("kind") in ("event", "latency"):
                     events.append(obj)
                     if on_event is not None:
@@ -290,14 +294,24 @@ async def play_call(
                     await ws.send_str(e)
 
             async def hold(last: dict[str, Any], events: list[dict[str, Any]]) -> None:
-                """Silence after the recording while the bot still has something to say."""
+                """Silence after the recording while the bot still has something to say. The
+                ``hold_s`` count starts once the gateway has reported on all of the recording
+                (its readings of the last window, the caller's last turn transcribed): on a
+                busy machine that takes seconds of wall time, which are not the bot's."""
                 nonlocal playout_end, frames
                 assert playout is not None
                 m = last["media"]
                 seq, chunk = int(last["sequenceNumber"]), int(m["chunk"])
                 t = float(m["timestamp"])
+                recording_end = t + 20
                 until = t + hold_s * 1000
-                while t < until and not ws.closed and _bot_busy(events):
+                while not ws.closed:
+                    behind = (watcher is not None and not watcher.done()
+                              and reached_ms < recording_end - _WINDOW_MS)
+                    if behind or _transcript_owed(events):
+                        until = t + hold_s * 1000
+                    elif not (t < until and _bot_busy(events)):
+                        break
                     t += 20
                     seq, chunk = seq + 1, chunk + 1
                     await at_media_time(t)
@@ -348,6 +362,28 @@ async def play_call(
                 playout.receive(inbox.get_nowait(), at_ms=playout_end)
     return CallReport(playout.stats if playout else PlayoutStats(), frames, closed_by_gateway,
                       events)
+
+
+_WINDOW_MS = 32.0  # the gateway's VAD window: its readings come once per window (gateway.ops)
+
+
+def _transcript_owed(events: list[dict[str, Any]]) -> bool:
+    """The caller's last turn ended and the gateway is transcribing it: a final transcript (or
+    an ``stt_error``) is on its way. Known only where the gateway showed it transcribes (a
+    ``turn_likely``, sent with a transcription under way, or an earlier transcript)."""
+    transcribes = False
+    owed = False
+    for e in events:
+        kind = e.get("type")
+        if kind in ("transcript", "stt_error"):
+            transcribes = True
+            if kind == "stt_error" or e.get("final", True):
+                owed = False
+        elif kind == "speech_stopped":
+            owed = not e.get("dropped") and not e.get("over_uninterruptible")
+        elif kind == "turn_likely":
+            transcribes = True
+    return owed and transcribes
 
 
 def _bot_busy(events: list[dict[str, Any]]) -> bool:

@@ -24,6 +24,22 @@ Not waited for: timers (a task sleeping for wall time is waiting, not working) a
 other processes (an LLM across the network answers in wall time: replay those with
 ``--realtime``). Speech to text is awaited by the replay itself (``transcribe_inline``).
 
+* The agent's timers: a lock-step replay runs slower or faster than the wall clock, so a timer
+  the agent sets (an ``asyncio.timeout``, ``asyncio.sleep``, ``call_later``) would fire at a media
+  time that depends on the machine's load. The worker's pacing is one: it pulls a response's
+  next chunk once the gateway's ``playback`` reports say the caller is near the end of the audio
+  sent, or anyway after a stall guard (``nodes._worker._pace``: twice the unheard audio plus 2 s);
+  on a loaded machine the guard ran out in wall time before the media clock had played that
+  audio, and the chunk was pulled early. A :class:`MediaClock` (one per replay,
+  :meth:`Lockstep.media_clock`) runs every timer set by the tasks started in its
+  :meth:`~MediaClock.context` (the agent and every task it starts) on the replay's media clock
+  instead: the replay advances it frame by frame, the timers due run then, and the replay waits
+  for what they started as for everything else. So the worker's pacing wakes only on the
+  gateway's reports or on media time, never on wall time. The gateway's own timers (the VAD
+  engine's batching deadline, the replay's hang guard) stay on the wall clock. Once the replay's
+  frames are done (:meth:`~MediaClock.close`) the timers still pending go back to the wall clock
+  with the media time they had left, so the agent stops as it would live.
+
 One ``Lockstep`` per event loop, shared by every replay on it: the loop is quiet only when all
 of them are, so concurrent replays advance together instead of each seeing the others' work.
 """
@@ -32,12 +48,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import heapq
+import itertools
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["Lockstep"]
+__all__ = ["Lockstep", "MediaClock"]
 
 _T = TypeVar("_T")
 
@@ -118,11 +137,115 @@ class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
             await waiter
 
 
+# The media clock of the replay whose agent set the current context (None: the wall clock).
+_CLOCK: contextvars.ContextVar[MediaClock | None] = contextvars.ContextVar(
+    "callgate_media_clock", default=None
+)
+
+_Entry = tuple[float, int, asyncio.TimerHandle, Callable[..., object], tuple[Any, ...],
+               contextvars.Context]
+
+
+def _fire(handle: asyncio.TimerHandle, callback: Callable[..., object], *args: Any) -> None:
+    # Run in the timer's own context (call_soon/call_at were given it). A handle cancelled
+    # after it was released (an ``asyncio.timeout`` left just then) does nothing, as live.
+    if not handle.cancelled():
+        callback(*args)
+
+
+class MediaClock:
+    """One replay's media clock, on which the timers of the tasks in :meth:`context` run.
+
+    A timer set at media time ``m`` for ``d`` seconds is due at media time ``m + d``; it runs
+    in the first :meth:`advance` that reaches it. The handle its caller gets cancels it as a
+    loop timer's would. See the module docstring.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop_ref = weakref.ref(loop)
+        self.now_s = 0.0
+        """Media time reached, in seconds (what :meth:`advance` was last given)."""
+        self.closed = False
+        self._heap: list[_Entry] = []
+        self._order = itertools.count()  # equal due times run in the order they were set
+
+    def context(self) -> contextvars.Context:
+        """A copy of the current context in which timers run on this clock: start the agent's
+        task in it (``asyncio.create_task(..., context=clock.context())``); the tasks it starts
+        inherit it."""
+        ctx = contextvars.copy_context()
+        ctx.run(_CLOCK.set, self)
+        return ctx
+
+    @property
+    def pending(self) -> int:
+        """Timers set on this clock and neither run nor cancelled."""
+        return sum(1 for entry in self._heap if not entry[2].cancelled())
+
+    def _call_at(self, loop: asyncio.AbstractEventLoop, when: float,
+                 callback: Callable[..., object], args: tuple[Any, ...],
+                 context: contextvars.Context | None) -> asyncio.TimerHandle:
+        due = self.now_s + max(0.0, when - loop.time())
+        ctx = context if context is not None else contextvars.copy_context()
+        handle = asyncio.TimerHandle(when, callback, args, loop, ctx)
+        heapq.heappush(self._heap, (due, next(self._order), handle, callback, args, ctx))
+        return handle
+
+    def advance(self, now_s: float) -> int:
+        """Media time ``now_s`` has come: queue the timers due by then (to run in the loop's
+        next pass, in due order); returns how many."""
+        loop = self._loop_ref()
+        self.now_s = max(self.now_s, now_s)
+        released = 0
+        while self._heap and self._heap[0][0] <= self.now_s:
+            _, _, handle, callback, args, ctx = heapq.heappop(self._heap)
+            if handle.cancelled() or loop is None:
+                continue
+            loop.call_soon(_fire, handle, callback, *args, context=ctx)
+            released += 1
+        return released
+
+    def close(self) -> None:
+        """The replay's frames are over: the pending timers (and any set from now on) go to the
+        wall clock, each with the media time it had left. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        loop = self._loop_ref()
+        heap, self._heap = self._heap, []
+        if loop is None:
+            return
+        for due, _, handle, callback, args, ctx in sorted(heap):
+            if not handle.cancelled():
+                type(loop).call_at(loop, loop.time() + max(0.0, due - self.now_s), _fire,
+                                   handle, callback, *args, context=ctx)
+
+
+def _install_media_timers(loop: asyncio.AbstractEventLoop) -> None:
+    """Route ``loop.call_at`` (``call_later``, ``asyncio.sleep`` and ``asyncio.timeout`` use
+    it) to the media clock of the calling context, if it has one of this loop."""
+    wall_call_at = type(loop).call_at
+    loop_ref = weakref.ref(loop)  # the loop holds this function: no strong cycle back
+
+    def call_at(when: float, callback: Callable[..., object], *args: Any,
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        the_loop = loop_ref()
+        assert the_loop is not None
+        clock = _CLOCK.get()
+        if clock is None or clock.closed or clock._loop_ref() is not the_loop:
+            return wall_call_at(the_loop, when, callback, *args, context=context)
+        return clock._call_at(the_loop, when, callback, args, context)
+
+    loop.call_at = call_at  # type: ignore[method-assign, assignment]
+
+
 class Lockstep:
     """Tells a replay when the work it started has finished; one per event loop (:meth:`of`).
 
     Creating it makes a counting thread pool the loop's default executor (the one replaced is
-    left to finish what it runs).
+    left to finish what it runs), and lets timers run on a replay's :class:`MediaClock`
+    (``loop.call_at`` looks at the calling context first; without a media clock in it, the
+    loop's own timers, unchanged).
     """
 
     _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Lockstep] = (
@@ -135,6 +258,7 @@ class Lockstep:
         loop.set_default_executor(self._executor)
         self._waiters: list[asyncio.Future[None]] = []
         self._poller: asyncio.Task[None] | None = None
+        _install_media_timers(loop)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop | None = None) -> Lockstep:
@@ -144,6 +268,12 @@ class Lockstep:
         if lockstep is None:
             lockstep = cls._by_loop[loop] = cls(loop)
         return lockstep
+
+    def media_clock(self) -> MediaClock:
+        """A new media clock for one replay on this loop (see the module docstring)."""
+        loop = self._loop_ref()
+        assert loop is not None
+        return MediaClock(loop)
 
     @property
     def in_flight(self) -> int:

@@ -9,8 +9,10 @@ It runs lock-step, as fast as the CPU allows: frame *k* (media ``[t, t+20)``) is
 controller only after the controller has finished with frame *k-1*, so event times depend on the
 media clock alone, never on CPU speed. With an agent, "finished" includes the work the frame
 started: its speech to text (awaited in the frame) and the session worker's reaction, down to
-the gateway having queued the reply's audio (:class:`gateway.lockstep.Lockstep`), so a loaded
-machine gives the same timeline as an idle one. ``realtime=True`` paces it at 1x as well.
+the gateway having queued the reply's audio (:class:`gateway.lockstep.Lockstep`), and the
+agent's timers (the worker's pacing guard, an agent's sleep) run on the media clock
+(:class:`gateway.lockstep.MediaClock`), so a loaded machine gives the same timeline as an idle
+one. ``realtime=True`` paces it at 1x as well (timers on the wall clock).
 
 ``bot_script`` (the labels of a recording) makes the bot speak the labelled ``bot_turns`` at their
 times, each with the slice ``[start_ms, end_ms)`` of ``bot_wav`` as its audio, so the echo in the
@@ -37,7 +39,7 @@ from bus import protocol as bp
 
 from . import twilio_protocol as tp
 from .call import CallSession, CallSettings
-from .lockstep import Lockstep
+from .lockstep import Lockstep, MediaClock
 from .timeline import Timeline
 from .twilio_sim import TwilioPlayout
 
@@ -196,6 +198,7 @@ async def replay(
     playout: TwilioPlayout | None = None
     stop_agent = asyncio.Event()
     agent_task: asyncio.Task[None] | None = None
+    clock: MediaClock | None = None
     downlink_task: asyncio.Task[None] | None = None
     outbox: list[str] = []
 
@@ -212,7 +215,12 @@ async def replay(
                               timeline=timeline, transcriber_for=transcriber_for,
                               transcribe_inline=not realtime)
         lockstep = Lockstep.of() if agent is not None else None
-        agent_task = asyncio.create_task(agent(the_bus, stop_agent)) if agent else None
+        # Lock-step, the agent's timers (the worker's pacing guard among them) run on the
+        # media clock: a loaded machine must not make them fire earlier in the call.
+        clock = lockstep.media_clock() if lockstep is not None and not realtime else None
+        if agent is not None:
+            agent_task = asyncio.create_task(agent(the_bus, stop_agent),
+                                             context=clock.context() if clock else None)
         t0 = time.monotonic()
 
         async def deliver(echoes: list[str]) -> None:
@@ -251,6 +259,8 @@ async def replay(
                     media_start = float(obj["media"]["timestamp"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 media_start = None
+            if media_start is not None and clock is not None and clock.advance(media_start / 1000):
+                await settle()  # what the agent's timers due by this frame started
             if media_start is not None and playout is not None:
                 if realtime:
                     delay = t0 + media_start / 1000 / speed - time.monotonic()
@@ -273,6 +283,8 @@ async def replay(
             await settle()
             if session.ended:
                 break
+        if clock is not None:
+            clock.close()  # the frames are over: the agent's timers left go to the wall clock
         await session.end("replay_finished")
         if downlink_task is not None:
             downlink_task.cancel()
@@ -281,6 +293,8 @@ async def replay(
             stop_agent.set()
             await asyncio.wait_for(agent_task, 30)
     finally:
+        if clock is not None:
+            clock.close()
         for task in (downlink_task, agent_task):
             if task is not None and not task.done():
                 task.cancel()

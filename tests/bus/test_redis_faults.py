@@ -26,7 +26,7 @@ from bus import CRITICAL_TYPES, Bus, CallInfo, RedisBus
 from bus._retry import Op, OutboundBuffer
 from tests.redis_server import RedisServer
 
-from .conftest import FAST_REDIS, eventually
+from .conftest import FAST_REDIS, STEADY_REDIS, eventually
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -269,8 +269,12 @@ async def test_full_buffer_drops_oldest_non_critical_only(
 @pytest.mark.redis
 async def test_200_calls_over_three_workers(redis_url: str) -> None:
     n_calls, n_events = 200, 10
-    gw = _bus(redis_url, "gw")
-    workers = [_bus(redis_url, f"w{i}") for i in range(3)]
+    # No worker dies here, so their leases must not lapse (STEADY_REDIS). With FAST_REDIS's
+    # 0.4 s lease, this process's loop, busy with 200 calls on a loaded machine, renewed too
+    # late about one run in five; the other workers then rightly took calls over
+    # (OwnershipLostError in a handler), the takeover the tests above test.
+    gw = _bus(redis_url, "gw", **STEADY_REDIS)
+    workers = [_bus(redis_url, f"w{i}", **STEADY_REDIS) for i in range(3)]
     handled: dict[str, list[int]] = {}
     owners: dict[str, list[str]] = {}
     handlers: list[asyncio.Task[None]] = []
