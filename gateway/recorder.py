@@ -90,7 +90,8 @@ def _strip_token(line: str) -> str:
         return line
     if not isinstance(obj, dict) or obj.get("event") != "start":
         return line
-    params = obj.get("start", {}).get("customParameters")
+    start = obj.get("start")  # a malformed frame (``"start": 1``) is kept as it came
+    params = start.get("customParameters") if isinstance(start, dict) else None
     if isinstance(params, dict) and "token" in params:
         params.pop("token")
         return json.dumps(obj, separators=(",", ":"))

@@ -171,3 +171,13 @@ async def test_an_agent_that_does_not_record_keeps_nothing(tmp_path: Path) -> No
     recorder.inbound('{"event":"stop"}')
     assert await recorder.finish(CallSettings()) is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_start_frame_is_recorded_without_its_token_and_a_malformed_one_as_it_came() -> None:
+    from gateway.recorder import _strip_token
+
+    good = json.dumps({"event": "start", "start": {"customParameters": {"token": "t.k.n", "x": "1"}}})
+    assert json.loads(_strip_token(good))["start"]["customParameters"] == {"x": "1"}
+    for line in ('{"event":"start","start":1}', '{"event":"start"}', '{"event":"start","start":[]}',
+                 "not json", '["start"]'):
+        assert _strip_token(line) == line  # kept as it came: the call controller skips it
