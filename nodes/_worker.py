@@ -692,21 +692,29 @@ class SessionWorker:
                 return False  # the barge-in's cancellation is on its way
             return utterance.alignment.audio_ms - utterance.heard_ms <= lookahead
 
-        utterance = state.by_request.get(request_id)
-        unheard_ms = 0.0
-        if utterance is not None:
-            unheard_ms = max(0.0, utterance.alignment.audio_ms - utterance.heard_ms)
-        stall_s = 2 * unheard_ms / 1000 + _STALL_GRACE_S
+        def stall_s() -> float:
+            # From what is unheard now, not when the wait began: then the chunk is often still
+            # being synthesized (nothing unheard yet), and a guard fixed at that moment fired
+            # after 2 s on a chunk of 2.4 s (hT, session 6: it pulled chunks early).
+            utterance = state.by_request.get(request_id)
+            unheard_ms = 0.0
+            if utterance is not None:
+                unheard_ms = max(0.0, utterance.alignment.audio_ms - utterance.heard_ms)
+            return 2 * unheard_ms / 1000 + _STALL_GRACE_S
+
         async with state.progress:
-            try:
-                async with asyncio.timeout(stall_s):
-                    await state.progress.wait_for(ready)
-            except TimeoutError:
-                logger.warning(
-                    "call %s: no playback progress from the gateway for %.1f s; the next chunk "
-                    "is pulled without it (the node may run ahead of the caller)",
-                    state.sid, stall_s,
-                )
+            while not ready():
+                waited = stall_s()
+                try:
+                    async with asyncio.timeout(waited):  # restarted by every progress report
+                        await state.progress.wait()
+                except TimeoutError:
+                    logger.warning(
+                        "call %s: no playback progress from the gateway for %.1f s; the next "
+                        "chunk is pulled without it (the node may run ahead of the caller)",
+                        state.sid, waited,
+                    )
+                    return
 
     async def _on_interrupt(self, state: _Call, event: bp.Interrupt, reaction: Reaction) -> None:
         utterance = state.utterances.get(event.utterance_id) if event.utterance_id else None
