@@ -31,20 +31,6 @@ skipping those the saved context covers. Worst case from kill to takeover: worke
 heartbeat + claim_interval (3 s with the defaults). An entry whose stream entry vanished
 (trimmed, or Redis lost its data) is re-announced by its owner's heartbeat.
 
-Balancing. New calls are first come through the registry's consumer group, so a claim loop
-whose worker has more calls than the least loaded other live, claiming worker (their heartbeats
-write ``calls`` and ``claiming`` into ``cg:worker:<id>``; the loop reads its peers every
-``claim_interval_s`` from the group's consumers) does not read new calls: they go to the less
-loaded workers. The views are up to a heartbeat old, so nothing waits on them for long: the
-excess a worker may have and still read grows by one every ``claim_backoff_s`` that the oldest
-new call has waited unread (``_defers``). Takeovers of orphaned calls are not balanced: they
-must be quick. A worker's liveness key also says ``deferring`` while it leaves calls to others.
-
-After an outage. An outage longer than the lease lapses every lease and idles every registry
-entry at once; when Redis is back the owners' heartbeats take their leases back and touch their
-entries before anyone may scan for orphans: a claim loop scans only one claim-idle period after
-its bus last saw a command fail (``_scan_hold_until``).
-
 Fencing. Taking a call (a new claim or a takeover) INCRs its ``fence`` key; the worker keeps
 that token, and everything it does to the call afterwards is checked against the lease in the
 same Lua script that does it: claiming uplink messages (XREADGROUP), acks, downlink writes and
@@ -420,19 +406,6 @@ class _Sub:
 RECORD_ONCE_TIMEOUT_S = 0.5
 """The longest ``record_once`` waits for Redis before it says the server cannot answer."""
 
-
-@dataclass(eq=False)
-class _Balance:
-    """A claim loop's view of the other workers' loads (see Balancing, ``_defers``)."""
-
-    peers: dict[str, int] = field(default_factory=dict)  # claiming live workers -> their calls
-    # registry shard -> (its group's last-delivered id, when this loop first saw a new entry
-    # waiting behind it): how long the oldest new call has waited for some worker to read it
-    waiting: dict[str, tuple[str, float]] = field(default_factory=dict)
-    reading: asyncio.Event = field(default_factory=asyncio.Event)  # set: reads new calls (pumps)
-    deferring: bool = False
-
-
 STEP_FLUSH_S = 1.0
 """The longest a worker's next message waits for its previous step's writes (then it goes
 on; the writes stay queued in order)."""
@@ -513,8 +486,6 @@ class RedisBus(Bus):
             ``worker_ttl_s + heartbeat_interval_s``.
         claim_interval_s: how often a claim loop scans for orphaned calls.
         claim_batch: new calls one claim read may take.
-        claim_backoff_s: how long a new call may wait unread for a less loaded worker before a
-            worker with more calls than that one reads it anyway (see Balancing).
         block_ms: the longest a reader blocks before it re-issues its read.
         streams_per_read: the most call streams one blocking read (one connection) covers.
         buffer_max: writes kept while Redis is away before dropping non-critical ones.
@@ -556,7 +527,6 @@ class RedisBus(Bus):
         claim_idle_ms: int | None = None,
         claim_interval_s: float = 0.5,
         claim_batch: int = 4,
-        claim_backoff_s: float = 1.0,
         block_ms: int = 5000,
         streams_per_read: int = 64,
         buffer_max: int = 10_000,
@@ -610,7 +580,6 @@ class RedisBus(Bus):
         self._handed_back_idle_ms = 10 * self._claim_idle_ms + 86_400_000
         self._claim_interval = claim_interval_s
         self._claim_batch = claim_batch
-        self._claim_backoff = float(claim_backoff_s)
         self._block_ms = int(block_ms)
         self._streams_per_read = max(1, int(streams_per_read))
         self._batch_max = batch_max
@@ -643,7 +612,6 @@ class RedisBus(Bus):
         self._writer: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._workers: set[str] = set()
-        self._balances: dict[str, _Balance] = {}  # worker id -> its running claim loop's view
         self._owned: dict[str, _Owned] = {}
         self._up_readers: dict[str, _Reader] = {}
         self._down_reader: _Reader | None = None
@@ -1227,6 +1195,7 @@ class RedisBus(Bus):
     async def claim_calls(self, worker_id: str) -> AsyncIterator[CallInfo]:
         check_name(worker_id, "worker_id")
         redis = await self._open()
+        self._register_worker(worker_id)
         shards = self._calls_keys
         # One server: one blocking XREADGROUP over every registry shard. A Cluster: a multi-key
         # read must stay in one slot, so one pump task per shard reads it into ``inbox`` (bounded:
@@ -1240,21 +1209,14 @@ class RedisBus(Bus):
         pumps: list[asyncio.Task[None]] = []
         taken: list[CallInfo] = []  # owned by us, not yet handed to the caller
         unread: list[tuple[str, str, Any]] = []  # (shard, id, fields) delivered to us, not yet considered
-        balance = _Balance()
-        balance.reading.set()
-        self._balances[worker_id] = balance
         try:
-            await self._until_ok(lambda: self._create_groups(redis, shards, consumer=worker_id))
-            # Registered as a consumer of the registry before its liveness key says it is up, so
-            # that the other claim loops count it in (Balancing) from the moment it is.
-            self._register_worker(worker_id)
+            await self._until_ok(lambda: self._create_groups(redis, shards))
             if self._cluster:
-                pumps = [self._spawn(self._pump_calls(pump_client, shard, worker_id, inbox, balance),
-                                     f"claim-{worker_id}-{shard}") for shard in shards]  # fmt: skip
+                pumps = [self._spawn(self._pump_calls(pump_client, shard, worker_id, inbox), f"claim-{worker_id}-{shard}")
+                         for shard in shards]  # fmt: skip
             scanning = 0  # the shard the orphan scan is in
             cursor = "0-0"
             next_scan = 0.0
-            next_balance = 0.0
             next_trim = time.monotonic() + self._trim_interval
             failures = 0
             while True:
@@ -1296,17 +1258,7 @@ class RedisBus(Bus):
                     if now >= next_trim:
                         next_trim = now + self._trim_interval
                         await self._until_closed(self._trim_calls())
-                    if now >= next_balance:
-                        next_balance = now + self._claim_interval
-                        await self._until_closed(self._refresh_balance(worker_id, balance))
-                    wake = min(next_scan, next_balance)
-                    if self._defers(worker_id, balance):
-                        balance.reading.clear()  # (a Cluster's pumps wait)
-                        await self._sleep(max(0.001, wake - time.monotonic()))
-                        continue
-                    balance.reading.set()
-                    count = 1 if balance.peers else self._claim_batch  # one at a time when sharing
-                    block = max(1, int((wake - now) * 1000))
+                    block = max(1, int((next_scan - now) * 1000))
                     if client is None:
                         try:
                             unread.append(await self._until_closed(asyncio.wait_for(inbox.get(), block / 1000)))
@@ -1316,7 +1268,8 @@ class RedisBus(Bus):
                             unread.append(inbox.get_nowait())
                         continue
                     reply = await self._until_closed(
-                        client.xreadgroup(GROUP, worker_id, dict.fromkeys(shards, ">"), count=count, block=block)
+                        client.xreadgroup(GROUP, worker_id, dict.fromkeys(shards, ">"), count=self._claim_batch,
+                                          block=block)
                     )  # fmt: skip
                     failures = 0
                     self._outage.ok()
@@ -1329,10 +1282,8 @@ class RedisBus(Bus):
                 except ResponseError as exc:
                     if _err_code(exc) != "NOGROUP":
                         raise
-                    await self._until_ok(lambda: self._create_groups(redis, shards, consumer=worker_id))
+                    await self._until_ok(lambda: self._create_groups(redis, shards))
         finally:
-            if self._balances.get(worker_id) is balance:
-                del self._balances[worker_id]
             for pump in pumps:
                 await _cancel(pump)
             while not inbox.empty():
@@ -1342,68 +1293,6 @@ class RedisBus(Bus):
             if pump_client is not None:
                 await asyncio.shield(pump_client.aclose())
             self._give_back(taken, [(shard, entry_id) for shard, entry_id, _ in unread], worker_id)
-
-    async def _refresh_balance(self, worker_id: str, balance: _Balance) -> None:
-        """The calls of every other live, claiming worker (their heartbeats' ``calls``), and how
-        long a new call has waited unread in each registry shard. Two round trips."""
-        redis = self._redis
-        assert redis is not None
-        pipe = redis.pipeline(transaction=False)
-        for shard in self._calls_keys:
-            pipe.xinfo_consumers(shard, GROUP)
-            pipe.xinfo_groups(shard)
-            pipe.xrevrange(shard, count=1)
-        replies = await pipe.execute(raise_on_error=False)
-        consumers: set[str] = set()
-        now = time.monotonic()
-        for i, shard in enumerate(self._calls_keys):
-            members, groups, newest = replies[3 * i : 3 * i + 3]
-            if isinstance(members, list):
-                consumers.update(_sid(c["name"]) for c in members)
-            delivered = None
-            if isinstance(groups, list):
-                delivered = next((_sid(g["last-delivered-id"]) for g in groups if _sid(g["name"]) == GROUP), None)
-            if delivered is None or not isinstance(newest, list) or not newest or \
-                    parse_stream_id(_sid(newest[0][0])) <= parse_stream_id(delivered):
-                balance.waiting.pop(shard, None)  # nothing new waits (or cannot tell)
-                continue
-            seen = balance.waiting.get(shard)
-            if seen is None or seen[0] != delivered:
-                balance.waiting[shard] = (delivered, now)
-        peers = sorted(consumers - {worker_id})
-        loads: dict[str, int] = {}
-        if peers:
-            pipe = redis.pipeline(transaction=False)
-            for peer in peers:
-                pipe.get(self._worker_key(peer))
-            for peer, raw in zip(peers, await pipe.execute(raise_on_error=False), strict=True):
-                if isinstance(raw, (bytes, str)):
-                    with contextlib.suppress(ValueError, TypeError, AttributeError):
-                        info = json.loads(raw)
-                        if info.get("claiming", True):  # (a worker from before this field claims)
-                            loads[peer] = int(info.get("calls", 0))
-        balance.peers = loads
-
-    def _defers(self, worker_id: str, balance: _Balance) -> bool:
-        """Balancing: whether this claim loop leaves new calls to less loaded workers now.
-
-        A worker with more calls than the least loaded other live, claiming worker does not
-        read new calls, so that they go where the load is lowest (first come through the
-        consumer group, one loaded run placed 7 of 9 calls on one worker and none on another).
-        The views are a heartbeat old, so a new call nobody reads is not left waiting: the
-        excess a worker may have and still read grows by one every ``claim_backoff_s`` the
-        oldest new call has waited unread."""
-        if not balance.peers:
-            return False
-        mine = sum(1 for o in self._owned.values() if o.worker_id == worker_id)
-        excess = mine - min(balance.peers.values())
-        waited = max((time.monotonic() - since for _, since in balance.waiting.values()), default=0.0)
-        defers = excess > 0 and excess > int(waited / self._claim_backoff) if self._claim_backoff > 0 else False
-        if defers != balance.deferring:
-            balance.deferring = defers
-            log.debug("bus %s: worker %s %s new calls (%d calls; least loaded peer %d)", self.bus_id,
-                      worker_id, "leaves" if defers else "reads", mine, min(balance.peers.values()))  # fmt: skip
-        return defers
 
     def _scan_hold_until(self) -> float:
         """No orphan scan before this (monotonic): one claim-idle period after this bus last
@@ -1417,23 +1306,19 @@ class RedisBus(Bus):
         return self._outage.last_failure + self._claim_idle_ms / 1000
 
     async def _pump_calls(
-        self, redis: Any, shard: str, worker_id: str, inbox: asyncio.Queue[tuple[str, str, Any]],
-        balance: _Balance,
+        self, redis: Any, shard: str, worker_id: str, inbox: asyncio.Queue[tuple[str, str, Any]]
     ) -> None:
-        """A Cluster's claim loop: read new entries of one registry shard into ``inbox`` (not
-        while the loop defers to less loaded workers)."""
+        """A Cluster's claim loop: read new entries of one registry shard into ``inbox``."""
         failures = 0
         # Blocks well inside the socket timeout; a read costs one round trip per second per shard.
         block = max(1, min(self._block_ms, 1000))
         while self._state is _State.OPEN:
-            await balance.reading.wait()
-            count = 1 if balance.peers else self._claim_batch
             try:
-                reply = await redis.xreadgroup(GROUP, worker_id, {shard: ">"}, count=count, block=block)
+                reply = await redis.xreadgroup(GROUP, worker_id, {shard: ">"}, count=self._claim_batch, block=block)
             except _CONNECTION_OR_REPLY as exc:
                 if isinstance(exc, ResponseError) and _err_code(exc) == "NOGROUP":
                     with contextlib.suppress(*_CONNECTION_ERRORS):
-                        await self._create_groups(redis, [shard], consumer=worker_id)
+                        await self._create_groups(redis, [shard])
                     continue
                 failures += 1
                 if isinstance(exc, _CONNECTION_ERRORS) or _is_reroute(exc):
@@ -1554,13 +1439,10 @@ class RedisBus(Bus):
             bound = min(bound, parse_stream_id(_sid(pending["min"])))
         await self._redis.xtrim(calls, minid=f"{bound[0]}-{bound[1]}", approximate=False)
 
-    async def _create_groups(self, redis: Redis, keys: list[str], start: str = "0", *,
-                             consumer: str | None = None) -> None:
+    async def _create_groups(self, redis: Redis, keys: list[str], start: str = "0") -> None:
         pipe = redis.pipeline(transaction=False)
         for key in keys:
             pipe.execute_command("XGROUP", "CREATE", key, GROUP, start, "MKSTREAM")
-            if consumer is not None:
-                pipe.execute_command("XGROUP", "CREATECONSUMER", key, GROUP, consumer)
         for result in await pipe.execute(raise_on_error=False):
             if isinstance(result, ResponseError) and _err_code(result) != "BUSYGROUP":
                 raise result
@@ -1855,10 +1737,7 @@ class RedisBus(Bus):
         pipe = redis.pipeline(transaction=False)
         for worker_id in workers:
             n = sum(1 for o in owned if o.worker_id == worker_id)
-            balance = self._balances.get(worker_id)
-            info = json.dumps({"bus": self.bus_id, "host": self._host, "pid": os.getpid(), "calls": n,
-                               "claiming": balance is not None,
-                               "deferring": balance is not None and balance.deferring})  # fmt: skip
+            info = json.dumps({"bus": self.bus_id, "host": self._host, "pid": os.getpid(), "calls": n})
             pipe.set(self._worker_key(worker_id), info, px=self._lease_ms)
         touched: list[str] = []  # the registry shard of each XCLAIM
         for worker_id in workers:
