@@ -30,9 +30,10 @@ from nodes import (
     ToneSynthesizer,
 )
 
+from ..bus.conftest import eventually
 from ..openai_server import Mark, OpenAIServer, Text, Wait
 from . import test_seed_snippets as seed
-from .conftest import BusFactory, Line, guard, open_line, running, setup_with
+from .conftest import GUARD_S, BusFactory, Line, guard, open_line, running, setup_with
 
 MS_PER_CHAR = 10
 
@@ -532,16 +533,11 @@ async def test_the_caller_s_input_queued_behind_an_answer_outlives_a_barge_in(bu
             state = worker._calls.get("CA9001")
             return -1 if state is None else len(state.unapplied)
 
-        await guard(_until(lambda: unapplied() == 3))  # all three queued, owed their effects
+        await eventually(lambda: unapplied() == 3, GUARD_S, "all three queued, owed their effects")
         await line.publish({"type": "interrupt", "utterance_id": start["utterance_id"], "heard_ms": 0})
-        await guard(_until(lambda: unapplied() == 0))  # every one settled: nothing left to ack
+        await eventually(lambda: unapplied() == 0, GUARD_S, "every one settled: nothing left to ack")
         await line.end(worker)
     spoken = [e.get("text") for e in line.of("utterance_start")]
     assert "You pressed 5" in spoken
     users = [m["content"] for m in node.context.messages if m["role"] == "user"]
     assert users == ["Hello?", "Are you there?"]
-
-
-async def _until(condition: Any) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)  # polling a worker's state: no event to wait on from outside
