@@ -127,10 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         r = run_floor(n, seconds=args.seconds, stagger=args.stagger, silent=args.silent,
                       seed=args.seed, cpus=cpus)
         rows.append(r)
-        r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
+        # A few silent calls can use less CPU than /proc's clock tick (10 ms) in the window:
+        # then there is no ratio to report, not a division by zero.
+        first = rows[0]["ms_per_call_second"]
+        r["x_first"] = r["ms_per_call_second"] / first if first > 0 else None
         kernel = "?" if r["kernel_share"] is None else f"{100 * r['kernel_share']:.0f}%"
         print(f"{n:5d} | {r['ok']:2d}/{n:<3d}| {100 * r['server_cpu_share']:9.0f}% | {kernel:>12} | "
-              f"{r['ms_per_call_second']:22.2f} | {r['x_first']:8.2f}x | "
+              f"{r['ms_per_call_second']:22.2f} | "
+              f"{'?' if r['x_first'] is None else format(r['x_first'], '8.2f') + 'x':>9} | "
               f"{r['calls_per_core'] or 0:32.0f} | "
               f"{r['gen_late_p99_ms'] or 0:9.1f} ms", flush=True)
     budget = 1000 / GOAL_CALLS

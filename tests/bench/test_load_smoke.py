@@ -133,6 +133,26 @@ def test_transport_floor_measures_the_bare_server(tmp_path: Path, silent: bool) 
     assert "budget is 3.33 ms per call-second" in proc.stdout
 
 
+def test_transport_floor_reports_a_run_below_the_cpu_clock_tick(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A few silent calls can use no measurable CPU between the two /proc readings (its clock
+    # ticks every 10 ms): the row says "?" for the ratio instead of dividing by zero (CI, stop 20).
+    import bench.ws_floor as ws_floor
+
+    def run_floor(n: int, **_: object) -> dict[str, object]:
+        share = 0.0 if n == 3 else 0.02
+        return {"calls": n, "ok": n, "silent": True, "server_cpu_share": share,
+                "kernel_share": None, "ms_per_call_second": 1000 * share / n,
+                "calls_per_core": n / share if share else None, "gen_late_p99_ms": 0.4,
+                "bot_audio_s": 0.0, "marks_echoed": 0}
+
+    monkeypatch.setattr(ws_floor, "run_floor", run_floor)
+    monkeypatch.setattr(ws_floor, "pick_cpus", lambda: (None, None))
+    assert ws_floor.main(["--calls", "3,6", "--silent"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.lstrip()[:1].isdigit()]
+    assert len(rows) == 2 and all("?" in row for row in rows)
+
+
 async def test_call_cpu_splits_the_call_logic_cost() -> None:
     from bench.call_cpu import measure
 
