@@ -495,6 +495,9 @@ class RecordingConfig(_Model):
     """The newest this many recorded calls are kept; older ones are deleted."""
     keep_days: float = Field(7.0, gt=0)
     """Recorded calls older than this are deleted."""
+    max_seconds: float = Field(3600.0, gt=0)
+    """A call is recorded for its first this many seconds of media (it is held in memory
+    until it ends, ~15 KB per second); the rest is not kept, and the folder says so."""
 
 
 class AgentConfig(_Model):

@@ -30,7 +30,7 @@ FOLDER/NAME.twilio.jsonl --bot-script FOLDER/NAME.json`` replays it as the dev r
 the labels are filled in.
 
 Nothing is written during the call (its frames are kept in memory: ~15 KB per second of
-call); the folder is written at the end, off the event loop.
+call, for its first ``max_seconds``); the folder is written at the end, off the event loop.
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ class RecordingSettings:
     """The newest this many recorded calls are kept; older ones are deleted."""
     keep_days: float = 7.0
     """Recorded calls older than this are deleted."""
+    max_seconds: float = 3600.0
+    """A call is recorded for its first this many seconds of media; the rest is not kept (the
+    folder says where it was cut, and a warning is logged). A recorded call is held in memory
+    until it ends (~15 KB per second: 54 MB an hour), so this is what bounds it."""
 
 
 def _strip_token(line: str) -> str:
@@ -101,6 +105,7 @@ def _strip_token(line: str) -> str:
 class RecorderState(enum.Enum):
     UNDECIDED = "undecided"  # before `start`: the agent (and whether it records) is unknown
     RECORDING = "recording"  # the call's agent records: everything is kept
+    FULL = "full"  # max_seconds reached: what was kept is written at the end, nothing more
     OFF = "off"  # it does not: nothing is kept
 
 
@@ -117,15 +122,34 @@ class CallRecorder:
         self._downlink: list[tuple[int, float, bp.DownlinkEvent]] = []  # (after, t_ms, event)
         self._events: list[dict[str, Any]] = []
         self._out: list[tuple[str, float, bytes, str]] = []  # ("audio", t, payload, uid)
+        self._media_frames = 0  # inbound media frames kept (20 ms each)
         timeline.add_listener(self._on_event)
         timeline.add_downlink_listener(self._on_downlink)
 
     def inbound(self, text: str) -> None:
         """A text frame from the socket, before the call handles it."""
         if self.state is RecorderState.RECORDING:
+            if '"media"' in text:  # cheap: a false hit only makes the cut a frame early
+                self._media_frames += 1
+                if self.settings is not None and \
+                        self._media_frames * 20 > self.settings.max_seconds * 1000:
+                    self._full()
+                    return
             self._inbound.append(text)
         elif self.state is RecorderState.UNDECIDED:
             self._inbound.append(_strip_token(text))
+
+    def _full(self) -> None:
+        assert self.settings is not None
+        self.state = RecorderState.FULL
+        self._timeline.remove_sampler(self._on_sample)
+        log.warning("call recording cut after %.0f s of media (recording.max_seconds); the "
+                    "rest of the call is not recorded", self.settings.max_seconds)
+
+    @property
+    def truncated(self) -> bool:
+        """The call went on past ``max_seconds``: its recording stops there."""
+        return self.state is RecorderState.FULL
 
     def _on_downlink(self, t_ms: float, event: bp.DownlinkEvent) -> None:
         if self.state is RecorderState.RECORDING:
@@ -151,9 +175,10 @@ class CallRecorder:
 
     async def finish(self, call_settings: CallSettings) -> Path | None:
         """Write the call's folder (off the event loop) and apply retention; its path."""
-        if self.state is not RecorderState.RECORDING or self.settings is None:
+        if self.state not in (RecorderState.RECORDING, RecorderState.FULL) or self.settings is None:
             return None
-        self._timeline.remove_sampler(self._on_sample)
+        if self.state is RecorderState.RECORDING:
+            self._timeline.remove_sampler(self._on_sample)
         settings = self.settings
         try:
             folder = await asyncio.to_thread(self._write, settings, call_settings)
@@ -187,6 +212,7 @@ class CallRecorder:
             "call_sid": call_sid, "agent": started.get("agent"),
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "settings": dataclasses.asdict(call_settings),
+            "truncated_after_s": settings.max_seconds if self.truncated else None,
         }, indent=1, default=_json_value) + "\n")
         return folder
 

@@ -676,6 +676,12 @@ def token_secret_from_env() -> bytes:
 
 
 # -- from the YAML config ---------------------------------------------------------------------
+def recording_settings_from(r: Any) -> RecordingSettings:
+    """An agent's ``recording:`` section (``config.RecordingConfig``) as the recorder's settings."""
+    return RecordingSettings(Path(r.folder), keep_calls=r.keep_calls, keep_days=r.keep_days,
+                             max_seconds=r.max_seconds)
+
+
 def call_settings_from(barge_in: Any, turn: Any = None) -> CallSettings:
     """Map an agent's ``barge_in`` section (config.BargeInConfig) and ``turn`` section
     (config.TurnConfig; None: the defaults) to the call's settings."""
@@ -778,9 +784,7 @@ def settings_from_config(holder: Any) -> GatewaySettings:
 
     def recording_for(agent: str) -> RecordingSettings | None:
         r = holder.current.agent(agent).recording
-        if r is None:
-            return None
-        return RecordingSettings(Path(r.folder), keep_calls=r.keep_calls, keep_days=r.keep_days)
+        return None if r is None else recording_settings_from(r)
 
     return GatewaySettings(
         ops=ops,

@@ -181,3 +181,42 @@ def test_a_start_frame_is_recorded_without_its_token_and_a_malformed_one_as_it_c
     for line in ('{"event":"start","start":1}', '{"event":"start"}', '{"event":"start","start":[]}',
                  "not json", '["start"]'):
         assert _strip_token(line) == line  # kept as it came: the call controller skips it
+
+
+async def test_a_long_call_is_recorded_up_to_max_seconds_and_replays_to_there(
+        tmp_path: Path) -> None:
+    """A recorded call is held in memory until it ends: ``max_seconds`` bounds it. The folder
+    keeps the call's first ``max_seconds`` of media, says where it was cut, and replays to the
+    same decisions up to the cut."""
+    from bus import EmbeddedBus
+    from gateway.call import CallSession
+    from gateway.recorder import CallRecorder, RecorderState
+    from gateway.replay import recording_messages
+    from gateway.timeline import Timeline
+    from vad import VadEngine
+
+    timeline = Timeline()
+    recorder = CallRecorder(timeline, lambda agent: RecordingSettings(tmp_path, max_seconds=4.0))
+
+    async def send(text: str) -> None:
+        pass
+
+    async with VadEngine(runtime="onnx") as engine, EmbeddedBus() as bus:
+        session = CallSession(send=send, bus=bus, vad=engine, timeline=timeline)
+        for line in recording_messages(rec.source("barge_in_timit")):
+            recorder.inbound(line)
+            await session.handle_text(line)
+        await session.end("stop")
+        assert recorder.state is RecorderState.FULL and session.now_ms > 6000
+        folder = await recorder.finish(session.settings)
+        assert folder is not None
+        frames = [json.loads(x) for x in
+                  (folder / f"{folder.name}.twilio.jsonl").read_text().splitlines()]
+        assert [f["event"] for f in frames[:2]] == ["connected", "start"]
+        assert sum(f["event"] == "media" for f in frames) == 200  # 4 s of 20 ms frames
+        call = json.loads((folder / f"{folder.name}.call.json").read_text())
+        assert call["truncated_after_s"] == 4.0
+        again = await replay_folder(folder, vad=engine)
+    live = [d for d in decisions(timeline.events) if d[1] < 3900]
+    assert live and live[0][0] == "speech_started"  # the caller starts at 2.85 s
+    assert decisions(again.events)[:len(live)] == live
