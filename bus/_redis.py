@@ -1804,6 +1804,11 @@ class RedisBus(Bus):
             for _, keys, args in jobs:
                 pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
+            # raise_on_error=False hands back a node's lost connection as a reply too (seen in 1
+            # of 12 failovers: "'ConnectionError' object is not iterable" killed the beat).
+            lost = next((r for r in results if isinstance(r, _CONNECTION_ERRORS)), None)
+            if lost is not None:
+                raise lost
             if not any(isinstance(r, NoScriptError) for r in results):
                 return list(results)
             await redis.script_load(_RENEW)  # to every primary

@@ -24,6 +24,29 @@ def _bus(url: str, name: str, **options: Any) -> RedisBus:
     return RedisBus(url, prefix="cgc", bus_id=name, **{**FAST_REDIS, **options})
 
 
+async def test_a_node_lost_in_the_lease_pipeline_fails_the_beat_as_an_outage() -> None:
+    """A Cluster pipeline run with ``raise_on_error=False`` hands back a node's lost connection
+    as one command's reply. Renewal raises it (the heartbeat counts an outage and beats again)
+    instead of parsing it as lease codes: that TypeError failed 1 in 12 failover runs."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class Pipeline:
+        def execute_command(self, *args: Any) -> None:
+            pass
+
+        async def execute(self, raise_on_error: bool = True) -> list[Any]:
+            assert raise_on_error is False
+            return [[1, 1], RedisConnectionError("Connection closed by server.")]
+
+    class Client:
+        def pipeline(self, transaction: bool = True) -> Pipeline:
+            return Pipeline()
+
+    bus = _bus("redis+cluster://127.0.0.1:1", "wk")  # never opened: the client is given
+    with pytest.raises(RedisConnectionError, match="closed by server"):
+        await bus._renew_pipelined(Client(), [([], ["a", "b"], []), ([], ["c", "d"], [])])
+
+
 def test_cluster_urls_are_checked() -> None:
     assert isinstance(make_bus("redis+cluster://10.0.0.1:7000,10.0.0.2:7000"), RedisBus)
     assert isinstance(make_bus("rediss+cluster://u:p@h1:7000"), RedisBus)
