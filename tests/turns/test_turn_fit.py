@@ -51,7 +51,8 @@ def test_fit_refuses_held_out_voices() -> None:
 @pytest.mark.slow
 def test_shipped_file_is_what_the_fit_produces() -> None:
     """Refit from the file's own inputs (the train turns rebuilt from the recordings, with the
-    verdicts the file records) and get the file's weights, waits and train figures back."""
+    verdicts the file records, and their words from bench/data/turn_words.json) and get the
+    file's weights (the text weight too), waits and train figures back."""
     cases = _train_cases()
     verdicts = FIT["source"]["verdicts"]
     assert sorted(c.name for c in cases) == sorted(verdicts)
@@ -61,6 +62,7 @@ def test_shipped_file_is_what_the_fit_produces() -> None:
     assert got["weights"] == FIT["weights"]
     assert (got["min_wait_ms"], got["max_wait_ms"]) == (FIT["min_wait_ms"], FIT["max_wait_ms"])
     assert got["train"] == FIT["train"]
+    assert got["train_text"] == FIT["train_text"]
     assert ProsodyWeights(**got["weights"]) == TurnSettings().weights
 
 
