@@ -262,7 +262,21 @@ def _load_words() -> dict[str, list[list[Any]]]:
     return words
 
 
-def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case]:
+def _snap_to_word_ends(cuts: Sequence[int], words: Sequence[Word]) -> list[int]:
+    """Each cut moved to the nearest aligned word end followed at once by the next word (a
+    word gap inside a phrase, not a pause already there), in samples; duplicates dropped."""
+    ends = [int(round(w1 * 8)) for (_, _, w1), (_, n0, _) in zip(words, words[1:], strict=False)
+            if n0 - w1 < 100]
+    if not ends:
+        return list(cuts)
+    return sorted({min(ends, key=lambda e: abs(e - c)) for c in cuts})
+
+
+def build_cases(recordings: Path = RECORDINGS, espeak: bool = True,
+                word_gap_cuts: bool = False) -> list[Case]:
+    """The labelled turns (module docstring). ``word_gap_cuts``: the hesitation pauses go at
+    the aligned word ends nearest the quietest-40-ms cuts instead (69% of those fall inside a
+    word: docs/turns.md), named ``@wcutN+D``; turns without words keep their cuts."""
     rng = np.random.default_rng(17)
     cases: list[Case] = []
     aligned = _load_words()
@@ -300,6 +314,9 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case
             cuts = []
             for s0, s1 in segs:
                 cuts += _word_gaps(clip, int(s0 * 8), int(s1 * 8), 3)
+            tag = "cut"
+            if word_gap_cuts and words is not None:
+                cuts, tag = _snap_to_word_ends(cuts[:3], words), "wcut"
             for ci, cut in enumerate(cuts[:3]):
                 for d in PAUSES_MS:
                     ins = _noise(d, level, rng)
@@ -312,7 +329,7 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case
                     ps.append((cut / 8, cut / 8 + d))
                     ws = None if words is None else tuple(
                         (w, shift(w0), shift(w1)) for w, w0, w1 in words)
-                    cases.append(Case(f"{name}@cut{ci}+{d}", voice, a, end / 8 - start / 8 + d,
+                    cases.append(Case(f"{name}@{tag}{ci}+{d}", voice, a, end / 8 - start / 8 + d,
                                       tuple(sorted(ps)), "hesitation", ws))
     if espeak:
         cases += _espeak_cases(rng)
@@ -824,6 +841,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
                     help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
     ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
+    ap.add_argument("--word-gap-cuts", action="store_true",
+                    help="insert the hesitation pauses at aligned word ends, not the quietest "
+                    "40 ms (which is often a stop closure inside a word); not with --fit")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     ap.add_argument("--patience", type=float, nargs="*", default=[],
                     help="also score the prosody detector with these turn.patience values")
@@ -841,6 +861,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="force-align the labels' texts and write bench/data/turn_words.json")
     ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
     args = ap.parse_args(argv)
+    if args.fit and args.word_gap_cuts:
+        print("error: --fit is made on the standard cases, not with --word-gap-cuts",
+              file=sys.stderr)
+        return 2
     if args.smart_turn is not None and not args.smart_turn.is_file():
         print(f"error: --smart-turn: no such wheel {args.smart_turn}", file=sys.stderr)
         return 2
@@ -858,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scored = pickle.loads(args.scored.read_bytes())  # noqa: S301 - our own file
         cases = [sc.case for sc in scored]
     else:
-        cases = build_cases(espeak=not args.no_espeak)
+        cases = build_cases(espeak=not args.no_espeak, word_gap_cuts=args.word_gap_cuts)
         scored = asyncio.run(score(cases))
         if args.scored is not None:
             import pickle
@@ -871,7 +895,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = {split: [r for sc in scored if sc.case.split == split for r in features_at_pauses(sc)]
             for split in ("train", "check")}
     train = [sc for sc in scored if sc.case.split == "train"]
-    if FIT_FILE.exists():
+    if FIT_FILE.exists() and not args.word_gap_cuts:
         shipped = json.loads(FIT_FILE.read_text())["source"]["verdicts_sha256"]
         if shipped != verdicts_digest(train):
             print("# the VAD chain's verdicts on the train turns are not the ones the shipped "
