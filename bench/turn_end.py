@@ -47,7 +47,14 @@ import numpy.typing as npt
 
 from audio import TELEPHONY_RATE, read_wav_ulaw, ulaw_to_float32
 from vad import BargeInPolicy, BotState, EchoGateSettings, PolicyState, VadEngine
-from vad._turn import ProsodyWeights, TurnDecision, TurnDetector, TurnSettings, TurnState
+from vad._turn import (
+    EndEstimate,
+    ProsodyWeights,
+    TurnDecision,
+    TurnDetector,
+    TurnSettings,
+    TurnState,
+)
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "recordings"
 VOICE_SPLIT = {
@@ -470,9 +477,92 @@ def asr_subset(scored: Sequence[Scored]) -> list[Scored]:
             or any(sc.case.name.endswith(f"+{d}") for d in ASR_PAUSES_MS)]
 
 
-def detector_method(settings: TurnSettings, text: TextSource | None = None) -> Method:
+class EndOfSentenceLM:
+    """log10 P(</s> | the last two words) from the pocketsphinx wheel's trigram model
+    (en-us.lm.bin): how likely a sentence ends after the words so far. An experiment of the
+    bench (``--lm``), not in the detector: it would need the model loaded in the gateway."""
+
+    def __init__(self) -> None:
+        import os
+
+        import pocketsphinx
+
+        path = os.path.join(pocketsphinx.get_model_path(), "en-us", "en-us.lm.bin")
+        self._lm = pocketsphinx.NGramModel(pocketsphinx.Config(loglevel="FATAL"),
+                                           pocketsphinx.LogMath(), path)
+        self._to_log10 = math.log(1.0001) / math.log(10)  # the model's log base is 1.0001
+
+    def __call__(self, text: str) -> float | None:
+        words = _TOKEN.findall(text.lower())
+        if not words:
+            return None
+        h = (["<s>", *words])[-2:]
+        # NGramModel.prob([word, history newest first ...]), in logmath units.
+        return float(self._lm.prob(["</s>", h[1], h[0]])) * self._to_log10
+
+
+class _LMDetector(TurnDetector):
+    """The detector with the text's binary cue replaced by ``weight`` * (the end-of-sentence
+    log-probability - ``centre``): a bench experiment (``--lm``)."""
+
+    def __init__(self, settings: TurnSettings, lm: EndOfSentenceLM, weight: float,
+                 centre: float) -> None:
+        super().__init__(replace(settings, weights=replace(settings.weights, text_done=0.0)))
+        self._lm, self._w, self._c = lm, weight, centre
+
+    def _estimate(self) -> EndEstimate:
+        est = super()._estimate()
+        score = self._lm(self._text)
+        s = self.settings
+        if score is None or s.mode == "silence" or est.text_hold or est.text_answer:
+            return est
+        z = math.log(max(est.p_end, 1e-12) / max(1 - est.p_end, 1e-12))
+        z += self._w * (score - self._c)
+        p_end = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+        wait = s.patience * (s.min_wait_ms + (s.max_wait_ms - s.min_wait_ms) * (1.0 - p_end))
+        return replace(est, p_end=p_end, wait_ms=wait)
+
+
+def fit_lm_weight(train: Sequence[Scored], weights: ProsodyWeights,
+                  lm: EndOfSentenceLM) -> tuple[float, float]:
+    """(weight, centre) of the end-of-sentence log-probability, fitted as ``text_done`` is
+    (prosody as a fixed offset, train onsets whose words do not end on a continuation word)."""
+    off, x, y = [], [], []
+    for sc in train:
+        det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
+        prev = False
+        for k, speech in enumerate(sc.speech):
+            end = (k + 1) * 256
+            det.feed(sc.case.audio[k * 256:end])
+            if prev and not speech:
+                t = k * 32.0
+                said = " ".join(w for w, _, w1 in sc.case.words or ()
+                                if w1 <= t + TEXT_SETTLE_MS)
+                label = (False if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses)
+                         else True if t >= sc.case.end_ms - 150 else None)
+                score = lm(said)
+                if label is not None and score is not None and not text_flags(said)[1]:
+                    pos, slope, _ = det.features()
+                    off.append(weights.bias + weights.pitch_position * pos
+                               + weights.pitch_slope * slope)
+                    x.append(score)
+                    y.append(1.0 if label else 0.0)
+            det.step(speech, end)
+            prev = speech
+    o, xs, ys = np.array(off), np.array(x), np.array(y)
+    centre = float(xs.mean())
+    cw = np.where(ys > 0, 0.5 / max(ys.mean(), 1e-9), 0.5 / max(1 - ys.mean(), 1e-9))
+    w = 0.0
+    for _ in range(3000):
+        p = 1 / (1 + np.exp(-(o + w * (xs - centre))))
+        w -= 0.5 * float(np.sum(cw * (p - ys) * (xs - centre)) / len(ys))
+    return round(w, 3), round(centre, 3)
+
+
+def detector_method(settings: TurnSettings, text: TextSource | None = None,
+                    make: Callable[[], TurnDetector] | None = None) -> Method:
     def run(sc: Scored) -> list[tuple[float, float]]:
-        det = TurnDetector(settings)
+        det = make() if make is not None else TurnDetector(settings)
         ends: list[tuple[float, float]] = []
         likely: float | None = None
         partials = list(text(sc)) if text is not None else []
@@ -857,6 +947,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="keep pocketsphinx's decodes here (by the prefix audio's sha1) for reruns")
     ap.add_argument("--no-pocketsphinx", action="store_true",
                     help="no pocketsphinx rows (they decode every prefix: minutes)")
+    ap.add_argument("--lm", action="store_true",
+                    help="also try the pocketsphinx trigram's end-of-sentence probability as "
+                    "the text cue (an experiment: fitted on train, reported on both)")
+    ap.add_argument("--lm-waits", type=float, nargs=2, action="append", default=[],
+                    metavar=("MIN", "MAX"), help="with --lm: also these waits (repeatable)")
     ap.add_argument("--align", action="store_true",
                     help="force-align the labels' texts and write bench/data/turn_words.json")
     ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
@@ -959,6 +1054,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "false_ends": o.false_ends, "audible_1s": o.audible_1s,
                 "delay_p50": _pct(o.delays, 50),
                 "delay_p95": _pct(o.delays, 95), "missed": o.missed, "turns": o.turns}
+    if args.lm:
+        lm = EndOfSentenceLM()
+        train_part = [sc for sc in scored if sc.case.split == "train"]
+        lm_w, lm_c = fit_lm_weight(train_part, settings.weights, lm)
+        lm_methods: list[tuple[str, Method]] = []
+        for lo, hi in ((settings.min_wait_ms, settings.max_wait_ms), *args.lm_waits):
+            st = replace(settings, min_wait_ms=lo, max_wait_ms=hi)
+
+            def make(st: TurnSettings = st) -> TurnDetector:
+                return _LMDetector(st, lm, lm_w, lm_c)
+
+            lm_methods.append((f"prosody + text {lag:g} ms late, end-of-sentence LM "
+                               f"(waits {lo:g}-{hi:g} ms)",
+                               detector_method(st, aligned_text(lag), make)))
+        print(f"\n# end-of-sentence LM: weight {lm_w} per log10, centre {lm_c} (fitted on "
+              "train, text_done off)")
+        for split in ("train", "check"):
+            part = [sc for sc in scored if sc.case.split == split]
+            print(f"\n## {split} voices, end-of-sentence LM\n\n{HEADER}")
+            for name, m in lm_methods:
+                o = evaluate(part, m)
+                print(row(name, o), flush=True)
+                report.setdefault(f"{split}_lm", {})[name] = _figures(o)
     if not args.no_pocketsphinx:
         recogniser = PrefixRecogniser(args.asr_ms)
         if args.asr_cache is not None and args.asr_cache.exists():

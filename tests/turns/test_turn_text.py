@@ -122,3 +122,16 @@ def test_word_gap_cuts_put_every_pause_between_two_words() -> None:
         d = float(c.name.rsplit("+", 1)[1])
         cut = next(p0 for p0, p1 in c.pauses if p1 - p0 == d)
         assert not [w for w, s, e in c.words if s < cut - 1 and e - d > cut + 1], c.name
+
+
+def test_the_end_of_sentence_lm_ranks_a_finished_phrase_above_an_open_one() -> None:
+    """bench.turn_end --lm's text score: the pocketsphinx trigram's log10 P(</s> | last two
+    words) (measured: "all year" -0.55, "of the" -2.14, "do for" -2.01, "for you" -0.43)."""
+    lm = turn_end.EndOfSentenceLM()
+    assert lm("") is None
+    got = {t: lm(t) for t in ("all year", "wash water all year", "of the", "can do for",
+                              "can do for you")}
+    assert got["all year"] == pytest.approx(got["wash water all year"])  # two words of history
+    assert got["all year"] == pytest.approx(-0.55, abs=0.01)
+    assert got["can do for you"] > -1 > got["can do for"]
+    assert got["of the"] < -2
