@@ -1,8 +1,9 @@
 """End-of-turn detection on labelled phone turns: false turn ends in the caller's pauses and the
 delay added at true ends, per method, fitted on one split of voices and reported on the other.
 
-Run: ``python -m bench.turn_end`` (a minute or two; ``--fit`` refits the prosody model on the
-train voices and writes it, with its inputs' verdicts, to ``vad/turn_fit.json``;
+Run: ``python -m bench.turn_end`` (a minute or two, plus a few minutes for the pocketsphinx rows
+unless ``--no-pocketsphinx``; ``--fit`` refits the model on the train voices and writes it,
+with its inputs' verdicts, to ``vad/turn_fit.json`` and as the defaults in ``vad/_turn.py``;
 ``--smart-turn PATH`` adds Pipecat's smart-turn v3 from a ``pipecat_ai-*.whl`` got with
 ``pip download pipecat-ai --no-deps``: nothing is installed, the ONNX model and its numpy
 feature code are read from the wheel).
@@ -18,6 +19,11 @@ The turns (all real human voices unless marked):
   line's own noise level: the phrase before the pause is unfinished;
 * complete short answers: the real "yes" of the dev set, and eSpeak NG "no", "yes" and a digit
   string (marked ``espeak``: no real human recording of them is here).
+
+Every turn with a transcript carries its words with their times (``Case.words``: a forced
+alignment of the labels' texts, ``bench/data/turn_words.json``, ``--align`` rebuilds it), so
+the text methods give the detector the words said so far as a streaming recogniser's partials:
+exact, ``--lag-ms`` late, or pocketsphinx's decoding of the audio so far (docs/turns.md).
 
 Each turn is followed by 3.5 s of line noise. Every method sees the same per-window verdicts of
 the gateway's own VAD chain (Silero + echo/noise gate + ``BargeInPolicy.is_caller``). A *false
@@ -829,6 +835,31 @@ FIT_LAG_MS = 250.0
 end (a streaming recogniser's lag: bench/_openai_stub.py's word per 250 ms)."""
 
 
+TURN_SOURCE = Path(__file__).resolve().parent.parent / "vad" / "_turn.py"
+_DEFAULTS = {"ProsodyWeights": ("bias", "pitch_position", "pitch_slope", "text_done"),
+             "TurnSettings": ("min_wait_ms", "max_wait_ms")}
+
+
+def with_fitted_defaults(source: str, fit: dict[str, Any]) -> str:
+    """``vad/_turn.py``'s text with the fit's values as the defaults of ``ProsodyWeights``'
+    weights and ``TurnSettings``' waits (the ``name: float = value`` line of each field in its
+    class body), so that ``--fit`` is the whole refit. Raises if a field's line is not found."""
+    values = {**fit["weights"], "min_wait_ms": fit["min_wait_ms"],
+              "max_wait_ms": fit["max_wait_ms"]}
+    out = source
+    for cls, names in _DEFAULTS.items():
+        start = out.index(f"\nclass {cls}")
+        end = out.find("\nclass ", start + 1)
+        body = out[start:end if end >= 0 else len(out)]
+        for name in names:
+            body, n = re.subn(rf"(?m)^(    {name}: float = )[-+0-9.e]+$",
+                              lambda m, v=values[name]: f"{m.group(1)}{float(v)!r}", body)
+            if n != 1:
+                raise ValueError(f"{cls}.{name}: no single default line in vad/_turn.py")
+        out = out[:start] + body + (out[end:] if end >= 0 else "")
+    return out
+
+
 def fitted_settings(fit: dict[str, Any], base: TurnSettings | None = None) -> TurnSettings:
     base = base or TurnSettings()
     return replace(base, weights=ProsodyWeights(**fit["weights"]),
@@ -925,7 +956,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true",
-                    help="refit the prosody model on the train voices and write vad/turn_fit.json")
+                    help="refit the model on the train voices: write vad/turn_fit.json and "
+                    "the defaults in vad/_turn.py (the whole refit)")
     ap.add_argument("--fit-out", type=Path, metavar="JSON",
                     help="with --fit: write the fit here instead of vad/turn_fit.json")
     ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
@@ -1007,6 +1039,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             **_figures(evaluate(check, detector_method(settings, aligned_text(FIT_LAG_MS))))}
         out = args.fit_out or FIT_FILE
         out.write_text(json.dumps(fit, indent=1, sort_keys=True) + "\n")
+        if args.fit_out is None:  # the shipped fit: the code's defaults follow it
+            TURN_SOURCE.write_text(with_fitted_defaults(TURN_SOURCE.read_text(), fit))
+            print(f"# the defaults in {TURN_SOURCE.name} are the fit's now")
         print(f"# fitted on {fit['train']['silence_onsets']} silence onsets of the train voices "
               f"({fit['train']['true_ends']} true ends): {settings.weights}, "
               f"min_wait_ms={settings.min_wait_ms}, max_wait_ms={settings.max_wait_ms}; "

@@ -80,3 +80,18 @@ def test_vad_chain_still_gives_the_verdicts_it_was_fitted_on() -> None:
         f"end-of-turn model was fitted (e.g. {moved[:3]}): its features at the pauses moved; "
         "refit with `python -m bench.turn_end --fit` (train voices only) and ship the new "
         "weights in vad/_turn.py")
+
+
+def test_the_refit_writes_the_defaults_into_the_code() -> None:
+    """``python -m bench.turn_end --fit`` is the whole refit: it writes the fit's weights and
+    waits as the defaults in vad/_turn.py. With the shipped fit the source stays as it is;
+    with other values exactly those lines change."""
+    source = turn_end.TURN_SOURCE.read_text()
+    assert turn_end.with_fitted_defaults(source, FIT) == source
+    other = {**FIT, "weights": {**FIT["weights"], "text_done": 0.25, "bias": -0.1},
+             "min_wait_ms": 600.0}
+    changed = turn_end.with_fitted_defaults(source, other)
+    diff = [(a, b) for a, b in zip(source.splitlines(), changed.splitlines(), strict=True)
+            if a != b]
+    assert [b.strip() for _, b in diff] == ["bias: float = -0.1", "text_done: float = 0.25",
+                                            "min_wait_ms: float = 600.0"]
