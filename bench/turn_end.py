@@ -852,8 +852,9 @@ def with_fitted_defaults(source: str, fit: dict[str, Any]) -> str:
         end = out.find("\nclass ", start + 1)
         body = out[start:end if end >= 0 else len(out)]
         for name in names:
+            value = float(values[name])
             body, n = re.subn(rf"(?m)^(    {name}: float = )[-+0-9.e]+$",
-                              lambda m, v=values[name]: f"{m.group(1)}{float(v)!r}", body)
+                              lambda m: f"{m.group(1)}{value!r}", body)  # noqa: B023 - now
             if n != 1:
                 raise ValueError(f"{cls}.{name}: no single default line in vad/_turn.py")
         out = out[:start] + body + (out[end:] if end >= 0 else "")
