@@ -1,8 +1,9 @@
 """End-of-turn detection on labelled phone turns: false turn ends in the caller's pauses and the
 delay added at true ends, per method, fitted on one split of voices and reported on the other.
 
-Run: ``python -m bench.turn_end`` (a minute or two; ``--fit`` refits the prosody model on the
-train voices and writes it, with its inputs' verdicts, to ``vad/turn_fit.json``;
+Run: ``python -m bench.turn_end`` (a minute or two, plus a few minutes for the pocketsphinx rows
+unless ``--no-pocketsphinx``; ``--fit`` refits the model on the train voices and writes it,
+with its inputs' verdicts, to ``vad/turn_fit.json`` and as the defaults in ``vad/_turn.py``;
 ``--smart-turn PATH`` adds Pipecat's smart-turn v3 from a ``pipecat_ai-*.whl`` got with
 ``pip download pipecat-ai --no-deps``: nothing is installed, the ONNX model and its numpy
 feature code are read from the wheel).
@@ -19,6 +20,11 @@ The turns (all real human voices unless marked):
 * complete short answers: the real "yes" of the dev set, and eSpeak NG "no", "yes" and a digit
   string (marked ``espeak``: no real human recording of them is here).
 
+Every turn with a transcript carries its words with their times (``Case.words``: a forced
+alignment of the labels' texts, ``bench/data/turn_words.json``, ``--align`` rebuilds it), so
+the text methods give the detector the words said so far as a streaming recogniser's partials:
+exact, ``--lag-ms`` late, or pocketsphinx's decoding of the audio so far (docs/turns.md).
+
 Each turn is followed by 3.5 s of line noise. Every method sees the same per-window verdicts of
 the gateway's own VAD chain (Silero + echo/noise gate + ``BargeInPolicy.is_caller``). A *false
 end* is a turn end decided inside a pause (before the caller resumes); the *delay* is from the
@@ -33,6 +39,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import sys
 import time
 import zipfile
@@ -46,7 +53,14 @@ import numpy.typing as npt
 
 from audio import TELEPHONY_RATE, read_wav_ulaw, ulaw_to_float32
 from vad import BargeInPolicy, BotState, EchoGateSettings, PolicyState, VadEngine
-from vad._turn import ProsodyWeights, TurnDecision, TurnDetector, TurnSettings
+from vad._turn import (
+    EndEstimate,
+    ProsodyWeights,
+    TurnDecision,
+    TurnDetector,
+    TurnSettings,
+    TurnState,
+)
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "recordings"
 VOICE_SPLIT = {
@@ -55,9 +69,22 @@ VOICE_SPLIT = {
     "jfk": "check", "timit_ldc93s1": "check", "speech_commands_yes": "check", "espeak": "check",
 }
 PAUSES_MS = (200, 350, 500, 750, 1000, 1500)
+WORDS_FILE = Path(__file__).resolve().parent / "data" / "turn_words.json"
+"""The labelled speech events' word times (``--align`` writes it): a forced alignment of each
+event's ``text`` on its audio (below), committed so the fit does not depend on the aligner."""
+EXTRA_TEXT = {
+    # The dev labels have no text for it; speechbrain's own annotation does
+    # (tests/samples/annotation/ASR_dev.json, "wrd" of spk1_snt5).
+    "real:speechbrain/speechbrain/tests/samples/ASR/spk1_snt5.wav":
+        "sunday is the best part of the week",
+}
+"""Transcripts from the source repositories where the labels have none (spk1_snt6 has none
+anywhere: its turns have no text, and the text methods see them without a transcript)."""
 TAIL_MS = 3500
 RATE = TELEPHONY_RATE
 Floats = npt.NDArray[np.float32]
+Word = tuple[str, float, float]
+"""(word, start ms, end ms) in the case's time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +97,8 @@ class Case:
     end_ms: float  # labelled end of the turn's speech
     pauses: tuple[tuple[float, float], ...]  # (start, end) ms of pauses inside the turn
     kind: str  # natural / hesitation / short
+    words: tuple[Word, ...] | None = None
+    """What the caller says, word by word, with its aligned times (None: no transcript)."""
 
     @property
     def split(self) -> str:
@@ -137,9 +166,133 @@ def _turn_groups(labels: dict[str, Any]) -> list[list[dict[str, Any]]]:
     return [g for g in groups if g]
 
 
-def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case]:
+def _event_key(labels: dict[str, Any], e: dict[str, Any]) -> str:
+    return f"{labels['name']}@{e['start_ms']}"
+
+
+def _event_text(e: dict[str, Any]) -> str | None:
+    text = e.get("text") or EXTRA_TEXT.get(str(e["source"]))
+    return " ".join(_TOKEN.findall(text.lower())) if text else None
+
+
+_TOKEN = re.compile(r"[a-z']+")
+_ALIGN_PAD_MS = 300
+
+
+class Aligner:
+    """Word times by forced alignment with the pocketsphinx wheel's model (5.x:
+    ``Decoder.set_align_text``, then the word segmentation ``Decoder.seg()``, 10 ms frames), on
+    the 8 kHz audio upsampled to 16 kHz as ``speech._pocketsphinx`` decodes it (its telephone
+    cepstral mean), the whole utterance at once. Checked against TIMIT's hand-labelled word
+    boundaries of LDC93S1 (docs/turns.md)."""
+
+    def __init__(self) -> None:
+        import pocketsphinx  # type: ignore[import-untyped]
+
+        from speech._pocketsphinx import TELEPHONE_CMNINIT
+
+        self._cmninit = TELEPHONE_CMNINIT
+        self._decoder = pocketsphinx.Decoder(loglevel="FATAL", cmninit=TELEPHONE_CMNINIT)
+
+    def align(self, x: Floats, text: str, offset_ms: float = 0.0) -> list[Word]:
+        """``text``'s words in ``x`` (8 kHz float): [(word, start, end)] in ms + ``offset_ms``."""
+        from audio import float32_to_pcm16, resample_pcm16
+        from speech._pocketsphinx import _reset
+
+        words = text.split()
+        missing = [w for w in words if self._decoder.lookup_word(w) is None]
+        if missing:
+            raise ValueError(f"not in the pronouncing dictionary: {missing}")
+        up, _ = resample_pcm16(float32_to_pcm16(x), from_rate=RATE, to_rate=16000)
+        d = self._decoder
+        d.set_align_text(" ".join(words))
+        _reset(d, self._cmninit)  # each utterance from a fresh normalisation
+        d.start_utt()
+        d.process_raw(up, full_utt=True)
+        d.end_utt()
+        frame_ms = 1000.0 / float(d.config["frate"])
+        if d.hyp() is None:
+            raise ValueError(f"alignment failed for {text!r}: no path through the audio")
+        out = [(re.sub(r"\(\d+\)$", "", seg.word), offset_ms + seg.start_frame * frame_ms,
+                offset_ms + (seg.end_frame + 1) * frame_ms)
+               for seg in d.seg() if not seg.word.startswith(("<", "["))]
+        got = [w for w, _, _ in out]
+        if got != words[: len(got)] or not got:
+            raise ValueError(f"alignment failed: {' '.join(got)!r} for {text!r}")
+        return out
+
+
+def align_recordings(recordings: Path = RECORDINGS) -> dict[str, list[list[Any]]]:
+    """Every speech event of the turns (``_turn_groups``: clean real voices) with a transcript, aligned on the recording's
+    audio from 300 ms before its onset to 300 ms after its offset: ``{"NAME@START_MS":
+    [[word, start_ms, end_ms], ...]}`` in the recording's ms."""
+    aligner = Aligner()
+    out: dict[str, list[list[Any]]] = {}
+    for path in sorted(recordings.glob("*.json")):
+        labels = json.loads(path.read_text())
+        wav = path.with_suffix(".wav")
+        if not wav.exists():
+            continue
+        x = ulaw_to_float32(read_wav_ulaw(wav))
+        for e in (e for group in _turn_groups(labels) for e in group):
+            text = _event_text(e)
+            if text is None:
+                continue
+            a = max(0, int((e["start_ms"] - _ALIGN_PAD_MS) * 8))
+            b = int((e["end_ms"] + _ALIGN_PAD_MS) * 8)
+            try:
+                words = aligner.align(x[a:b], text, a / 8)
+            except ValueError as exc:
+                raise ValueError(f"{_event_key(labels, e)}: {exc}") from exc
+            rest = text.split()[len(words):]
+            if rest:
+                # The aligner found no room for the last word(s) (long_turn_librivox's "them":
+                # the source clip's last word is cut short): they end at the labelled offset.
+                print(f"# {_event_key(labels, e)}: {' '.join(rest)!r} not aligned; placed at "
+                      "the labelled end", file=sys.stderr)
+                t0 = words[-1][2]
+                t1 = max(float(e["end_ms"]), t0 + 50.0)
+                step = (t1 - t0) / len(rest)
+                words += [(w, t0 + i * step, t0 + (i + 1) * step) for i, w in enumerate(rest)]
+            # The labels' energy-based segments are the better word *edges* at pauses: the
+            # aligner runs a word on into a pause it has no silence for (barge_in_late_ljspeech's
+            # "that" over its 376 ms pause, barge_in_mid_jfk's "you" 297 ms past the offset).
+            segs = e.get("segments_ms") or [[e["start_ms"], e["end_ms"]]]
+            clamped = []
+            for w, s0, s1 in words:
+                seg = next((g for g in segs if g[0] - 60 <= s0 < g[1]), segs[-1])
+                clamped.append([w, round(s0, 1), round(min(s1, float(seg[1])), 1)])
+            out[_event_key(labels, e)] = clamped
+    return out
+
+
+def _load_words() -> dict[str, list[list[Any]]]:
+    if not WORDS_FILE.exists():
+        print(f"# {WORDS_FILE.name} missing: no transcripts (python -m bench.turn_end --align)",
+              file=sys.stderr)
+        return {}
+    words: dict[str, list[list[Any]]] = json.loads(WORDS_FILE.read_text())
+    return words
+
+
+def _snap_to_word_ends(cuts: Sequence[int], words: Sequence[Word]) -> list[int]:
+    """Each cut moved to the nearest aligned word end followed at once by the next word (a
+    word gap inside a phrase, not a pause already there), in samples; duplicates dropped."""
+    ends = [int(round(w1 * 8)) for (_, _, w1), (_, n0, _) in zip(words, words[1:], strict=False)
+            if n0 - w1 < 100]
+    if not ends:
+        return list(cuts)
+    return sorted({min(ends, key=lambda e: abs(e - c)) for c in cuts})
+
+
+def build_cases(recordings: Path = RECORDINGS, espeak: bool = True,
+                word_gap_cuts: bool = False) -> list[Case]:
+    """The labelled turns (module docstring). ``word_gap_cuts``: the hesitation pauses go at
+    the aligned word ends nearest the quietest-40-ms cuts instead (69% of those fall inside a
+    word: docs/turns.md), named ``@wcutN+D``; turns without words keep their cuts."""
     rng = np.random.default_rng(17)
     cases: list[Case] = []
+    aligned = _load_words()
     for path in sorted(recordings.glob("*.json")):
         labels = json.loads(path.read_text())
         wav = path.with_suffix(".wav")
@@ -162,12 +315,21 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case
             name = f"{labels['name']}#{gi}"
             audio = np.concatenate([clip, _noise(TAIL_MS, level, rng)])
             kind = "short" if group[-1]["end_ms"] - group[0]["start_ms"] < 800 else "natural"
-            cases.append(Case(name, voice, audio, end / 8 - start / 8, tuple(pauses), kind))
+            keys = [_event_key(labels, e) for e in group]
+            words: tuple[Word, ...] | None = None
+            if all(k in aligned for k in keys):
+                words = tuple((str(w), float(w0) - start / 8, float(w1) - start / 8)
+                              for k in keys for w, w0, w1 in aligned[k])
+            cases.append(Case(name, voice, audio, end / 8 - start / 8, tuple(pauses), kind,
+                              words))
             if kind == "short":
                 continue
             cuts = []
             for s0, s1 in segs:
                 cuts += _word_gaps(clip, int(s0 * 8), int(s1 * 8), 3)
+            tag = "cut"
+            if word_gap_cuts and words is not None:
+                cuts, tag = _snap_to_word_ends(cuts[:3], words), "wcut"
             for ci, cut in enumerate(cuts[:3]):
                 for d in PAUSES_MS:
                     ins = _noise(d, level, rng)
@@ -178,8 +340,10 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True) -> list[Case
 
                     ps = [(shift(p0), shift(p1)) for p0, p1 in pauses]
                     ps.append((cut / 8, cut / 8 + d))
-                    cases.append(Case(f"{name}@cut{ci}+{d}", voice, a, end / 8 - start / 8 + d,
-                                      tuple(sorted(ps)), "hesitation"))
+                    ws = None if words is None else tuple(
+                        (w, shift(w0), shift(w1)) for w, w0, w1 in words)
+                    cases.append(Case(f"{name}@{tag}{ci}+{d}", voice, a, end / 8 - start / 8 + d,
+                                      tuple(sorted(ps)), "hesitation", ws))
     if espeak:
         cases += _espeak_cases(rng)
     return cases
@@ -196,13 +360,17 @@ def _espeak_cases(rng: np.random.Generator) -> list[Case]:
         return out
     import asyncio
 
+    aligner = Aligner()
     for text in ("No.", "Yes.", "Four one two seven."):
         x = ulaw_to_float32(asyncio.run(_render(synth, text)))
         nz = np.nonzero(np.abs(x) > 0.01)[0]
         x = x[: nz[-1] + 1] if len(nz) else x
         level = 10 ** (-60 / 20)
         audio = np.concatenate([_noise(400, level, rng), x, _noise(TAIL_MS, level, rng)])
-        out.append(Case(f"espeak:{text}", "espeak", audio, 400 + len(x) / 8, (), "short"))
+        words = aligner.align(audio[: 400 * 8 + len(x) + _ALIGN_PAD_MS * 8],
+                              " ".join(_TOKEN.findall(text.lower())))
+        out.append(Case(f"espeak:{text}", "espeak", audio, 400 + len(x) / 8, (), "short",
+                        tuple(words)))
     return out
 
 
@@ -238,15 +406,180 @@ Method = Callable[[Scored], list[tuple[float, float]]]
 turn_likely before it, or the end itself)."""
 
 
-def detector_method(settings: TurnSettings) -> Method:
-    def run(sc: Scored) -> list[tuple[float, float]]:
-        det = TurnDetector(settings)
-        ends: list[tuple[float, float]] = []
-        likely: float | None = None
+TextSource = Callable[[Scored], Sequence[tuple[float, str]]]
+"""Per case, the partial transcripts a streaming recogniser would give the detector: (ms of
+stream time from which it has it, the turn's words so far), in time order."""
+
+
+def aligned_text(lag_ms: float = 0.0) -> TextSource:
+    """The words the caller has said, from the forced alignment: each word from ``lag_ms`` after
+    its aligned end (0: an oracle; a streaming recogniser's partial lags the audio by about a
+    word: bench/_openai_stub.py sends a word per 250 ms). No transcript: nothing."""
+    def run(sc: Scored) -> list[tuple[float, str]]:
+        ws = sc.case.words or ()
+        return [(w1 + lag_ms, " ".join(w for w, _, _ in ws[: i + 1]))
+                for i, (_, _, w1) in enumerate(ws)]
+    return run
+
+
+class PrefixRecogniser:
+    """The shipped offline recogniser's text at each silence onset: pocketsphinx as
+    ``speech._pocketsphinx_pool`` runs it by default (its decoder options, 8 -> 16 kHz, the
+    whole prefix at once with batch normalisation) on the case's audio from its start to the
+    onset, given to the detector ``latency_ms`` after the onset. Decodes are cached by the
+    prefix audio's hash (the variants of a hesitation case share the audio before the cut)."""
+
+    def __init__(self, latency_ms: float = 0.0) -> None:
+        import pocketsphinx
+
+        from speech._pocketsphinx import _DEFAULT_OPTIONS
+
+        self._decoder = pocketsphinx.Decoder(**_DEFAULT_OPTIONS)
+        self._cmninit = str(_DEFAULT_OPTIONS["cmninit"])
+        self.latency_ms = latency_ms
+        self.cache: dict[str, str] = {}
+        self.decodes = 0
+
+    def text(self, x: Floats) -> str:
+        from audio import float32_to_pcm16, resample_pcm16
+        from speech._pocketsphinx import _reset
+
+        pcm = float32_to_pcm16(x)
+        key = hashlib.sha1(pcm).hexdigest()
+        if key not in self.cache:
+            up, _ = resample_pcm16(pcm, from_rate=RATE, to_rate=16000)
+            d = self._decoder
+            _reset(d, self._cmninit)
+            d.start_utt()
+            d.process_raw(up, full_utt=True)
+            d.end_utt()
+            hyp = d.hyp()
+            self.cache[key] = str(hyp.hypstr) if hyp is not None else ""
+            self.decodes += 1
+        return self.cache[key]
+
+    def __call__(self, sc: Scored) -> list[tuple[float, str]]:
+        # Decoded only at the onsets that are scored (inside a labelled pause, or at the end):
+        # every onset would be 1,491 prefixes, 9,256 s of audio. Between them the text is the
+        # last decoded one.
+        out = []
+        for k in range(1, len(sc.speech)):
+            t = k * 32.0
+            if sc.speech[k - 1] and not sc.speech[k] and (
+                    t >= sc.case.end_ms - 150
+                    or any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses)):
+                out.append((t + self.latency_ms, self.text(sc.case.audio[: k * 256])))
+        return out
+
+
+ASR_PAUSES_MS = (500, 1000)
+"""The pocketsphinx rows are scored on the natural turns and short answers and, of the
+hesitation cases, those with these pauses only (a third: each decode is ~0.5 x the prefix on
+one core)."""
+
+
+def asr_subset(scored: Sequence[Scored]) -> list[Scored]:
+    return [sc for sc in scored if sc.case.kind != "hesitation"
+            or any(sc.case.name.endswith(f"+{d}") for d in ASR_PAUSES_MS)]
+
+
+class EndOfSentenceLM:
+    """log10 P(</s> | the last two words) from the pocketsphinx wheel's trigram model
+    (en-us.lm.bin): how likely a sentence ends after the words so far. An experiment of the
+    bench (``--lm``), not in the detector: it would need the model loaded in the gateway."""
+
+    def __init__(self) -> None:
+        import os
+
+        import pocketsphinx
+
+        path = os.path.join(pocketsphinx.get_model_path(), "en-us", "en-us.lm.bin")
+        self._lm = pocketsphinx.NGramModel(pocketsphinx.Config(loglevel="FATAL"),
+                                           pocketsphinx.LogMath(), path)
+        self._to_log10 = math.log(1.0001) / math.log(10)  # the model's log base is 1.0001
+
+    def __call__(self, text: str) -> float | None:
+        words = _TOKEN.findall(text.lower())
+        if not words:
+            return None
+        h = (["<s>", *words])[-2:]
+        # NGramModel.prob([word, history newest first ...]), in logmath units.
+        return float(self._lm.prob(["</s>", h[1], h[0]])) * self._to_log10
+
+
+class _LMDetector(TurnDetector):
+    """The detector with the text's binary cue replaced by ``weight`` * (the end-of-sentence
+    log-probability - ``centre``): a bench experiment (``--lm``)."""
+
+    def __init__(self, settings: TurnSettings, lm: EndOfSentenceLM, weight: float,
+                 centre: float) -> None:
+        super().__init__(replace(settings, weights=replace(settings.weights, text_done=0.0)))
+        self._lm, self._w, self._c = lm, weight, centre
+
+    def _estimate(self) -> EndEstimate:
+        est = super()._estimate()
+        score = self._lm(self._text)
+        s = self.settings
+        if score is None or s.mode == "silence" or est.text_hold or est.text_answer:
+            return est
+        z = math.log(max(est.p_end, 1e-12) / max(1 - est.p_end, 1e-12))
+        z += self._w * (score - self._c)
+        p_end = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+        wait = s.patience * (s.min_wait_ms + (s.max_wait_ms - s.min_wait_ms) * (1.0 - p_end))
+        return replace(est, p_end=p_end, wait_ms=wait)
+
+
+def fit_lm_weight(train: Sequence[Scored], weights: ProsodyWeights,
+                  lm: EndOfSentenceLM) -> tuple[float, float]:
+    """(weight, centre) of the end-of-sentence log-probability, fitted as ``text_done`` is
+    (prosody as a fixed offset, train onsets whose words do not end on a continuation word)."""
+    off, x, y = [], [], []
+    for sc in train:
+        det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
+        prev = False
         for k, speech in enumerate(sc.speech):
             end = (k + 1) * 256
             det.feed(sc.case.audio[k * 256:end])
+            if prev and not speech:
+                t = k * 32.0
+                said = " ".join(w for w, _, w1 in sc.case.words or ()
+                                if w1 <= t + TEXT_SETTLE_MS)
+                label = (False if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses)
+                         else True if t >= sc.case.end_ms - 150 else None)
+                score = lm(said)
+                if label is not None and score is not None and not text_flags(said)[1]:
+                    pos, slope, _ = det.features()
+                    off.append(weights.bias + weights.pitch_position * pos
+                               + weights.pitch_slope * slope)
+                    x.append(score)
+                    y.append(1.0 if label else 0.0)
+            det.step(speech, end)
+            prev = speech
+    o, xs, ys = np.array(off), np.array(x), np.array(y)
+    centre = float(xs.mean())
+    cw = np.where(ys > 0, 0.5 / max(ys.mean(), 1e-9), 0.5 / max(1 - ys.mean(), 1e-9))
+    w = 0.0
+    for _ in range(3000):
+        p = 1 / (1 + np.exp(-(o + w * (xs - centre))))
+        w -= 0.5 * float(np.sum(cw * (p - ys) * (xs - centre)) / len(ys))
+    return round(w, 3), round(centre, 3)
+
+
+def detector_method(settings: TurnSettings, text: TextSource | None = None,
+                    make: Callable[[], TurnDetector] | None = None) -> Method:
+    def run(sc: Scored) -> list[tuple[float, float]]:
+        det = make() if make is not None else TurnDetector(settings)
+        ends: list[tuple[float, float]] = []
+        likely: float | None = None
+        partials = list(text(sc)) if text is not None else []
+        i, current, fed = 0, "", ""
+        for k, speech in enumerate(sc.speech):
+            end = (k + 1) * 256
+            det.feed(sc.case.audio[k * 256:end])
+            idle = det.state is TurnState.IDLE
             d = det.step(speech, end)
+            if idle and det.state is not TurnState.IDLE:
+                fed = ""  # a new turn forgot the text: give it again
             if d is TurnDecision.TURN_LIKELY:
                 likely = end / 8
             elif d is TurnDecision.TURN_CONTINUED:
@@ -255,14 +588,33 @@ def detector_method(settings: TurnSettings) -> Method:
                 ends.append((end / 8, likely if likely is not None else end / 8))
                 likely = None
                 det.new_turn()
+                fed = ""
+            # The partial as of this window's end, for the next window. After a false end
+            # the text stays the whole turn's (the gateway merges the turn once the caller
+            # resumes).
+            while i < len(partials) and partials[i][0] <= end / 8:
+                current = partials[i][1]
+                i += 1
+            if current != fed and det.state is not TurnState.IDLE:
+                det.set_transcript(current)
+                fed = current
         return ends
     return run
 
 
-def features_at_pauses(sc: Scored) -> list[tuple[tuple[float, ...], bool]]:
+TEXT_SETTLE_MS = 150.0
+"""For fitting the text weight: the words aligned to end up to this long after a silence onset
+count as said before it (the VAD lets go inside a weak last word; no word after a pause of
+at least 200 ms ends this soon). The detector re-estimates when a later partial comes."""
+
+
+def features_at_pauses(sc: Scored, with_text: bool = False
+                       ) -> list[tuple[tuple[float, ...], bool]]:
     """The prosody model's inputs at each silence onset of a case, with whether the turn really
     ended there (for fitting). The detector never ends the turn here, so the inputs do not depend
-    on the weights being fitted (a case is one turn)."""
+    on the weights being fitted (a case is one turn). ``with_text``: two more inputs, whether
+    the words so far end on a word a sentence can end on, and on a continuation word (both 0
+    without a transcript)."""
     det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
     rows: list[tuple[tuple[float, ...], bool]] = []
     prev = False
@@ -271,10 +623,14 @@ def features_at_pauses(sc: Scored) -> list[tuple[tuple[float, ...], bool]]:
         det.feed(sc.case.audio[k * 256:end])
         if prev and not speech:
             t = k * 32.0
+            f: tuple[float, ...] = det.features()
+            if with_text:
+                said = [w for w, _, w1 in sc.case.words or () if w1 <= t + TEXT_SETTLE_MS]
+                f = (*f, *text_flags(" ".join(said)))
             if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses):
-                rows.append((det.features(), False))
+                rows.append((f, False))
             elif t >= sc.case.end_ms - 150:
-                rows.append((det.features(), True))
+                rows.append((f, True))
         det.step(speech, end)
         prev = speech
     return rows
@@ -349,9 +705,40 @@ def fit_logistic(rows: Sequence[tuple[tuple[float, ...], bool]],
                           pitch_slope=round(float(coef[1]), 4), short_turn=short_turn)
 
 
+def text_flags(text: str) -> tuple[float, float]:
+    """(ends on a word a sentence can end on, ends on a continuation word) as the detector
+    reads a partial (0, 0 for no words or a complete short answer)."""
+    from vad._turn import _complete_answer, _ends_unfinished
+
+    hold = _ends_unfinished(text)
+    done = bool(text.split()) and not hold and not _complete_answer(text)
+    return float(done), float(hold)
+
+
+def fit_text_weight(rows: Sequence[tuple[tuple[float, ...], bool]],
+                    weights: ProsodyWeights) -> ProsodyWeights:
+    """The ``text_done`` log-odds: logistic regression of "the turn ended here" on the text
+    flag with the prosody model's score as a fixed offset, over the silence onsets whose words
+    do not end on a continuation word (those wait ``text_wait_ms`` regardless; onsets with no
+    words yet are the flag's 0), ends and pauses weighted equally."""
+    use = [r for r in rows if r[0][4] == 0]
+    off = np.array([weights.bias + weights.pitch_position * r[0][0]
+                    + weights.pitch_slope * r[0][1] for r in use])
+    x = np.array([r[0][3] for r in use])
+    y = np.array([1.0 if r[1] else 0.0 for r in use])
+    cw = np.where(y > 0, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
+    w = 0.0
+    for _ in range(3000):
+        p = 1 / (1 + np.exp(-(off + w * x)))
+        w -= 0.5 * float(np.sum(cw * (p - y) * x) / len(y))
+    return replace(weights, text_done=round(w, 3))
+
+
 def auc(rows: Sequence[tuple[tuple[float, ...], bool]], weights: ProsodyWeights) -> float:
-    """ROC AUC of the model's score: ends against pauses."""
-    s = [weights.pitch_position * r[0][0] + weights.pitch_slope * r[0][1] for r in rows]
+    """ROC AUC of the model's score: ends against pauses (with the text weight where the rows
+    carry the text flags)."""
+    s = [weights.pitch_position * r[0][0] + weights.pitch_slope * r[0][1]
+         + (weights.text_done * r[0][3] if len(r[0]) > 3 else 0.0) for r in rows]
     pos = [v for v, r in zip(s, rows, strict=True) if r[1]]
     neg = [v for v, r in zip(s, rows, strict=True) if not r[1]]
     if not pos or not neg:
@@ -420,17 +807,58 @@ def fit_model(train: Sequence[Scored], base: TurnSettings | None = None) -> dict
     rows = [r for sc in train for r in features_at_pauses(sc)]
     weights = fit_logistic(rows, base.weights.short_turn)
     settings = fit_waits(train, replace(base, weights=weights))
+    # Then the text's weight on top, the prosody held: without a transcript (the offline
+    # recogniser, uploads) the detector is the prosody model as fitted above.
+    text_rows = [r for sc in train for r in features_at_pauses(sc, with_text=True)]
+    weights = fit_text_weight(text_rows, weights)
+    settings = replace(settings, weights=weights)
     return {
         "weights": {"bias": weights.bias, "pitch_position": weights.pitch_position,
-                    "pitch_slope": weights.pitch_slope, "short_turn": weights.short_turn},
+                    "pitch_slope": weights.pitch_slope, "text_done": weights.text_done,
+                    "short_turn": weights.short_turn},
         "min_wait_ms": settings.min_wait_ms, "max_wait_ms": settings.max_wait_ms,
         "train": {"auc": round(auc(rows, weights), 4), "silence_onsets": len(rows),
                   "true_ends": sum(r[1] for r in rows),
                   **_figures(evaluate(train, detector_method(settings)))},
+        "train_text": {"auc": round(auc(text_rows, weights), 4), "lag_ms": FIT_LAG_MS,
+                       "onsets_with_words": sum(r[0][3] + r[0][4] > 0 for r in text_rows),
+                       **_figures(evaluate(train, detector_method(
+                           settings, aligned_text(FIT_LAG_MS))))},
         "source": {"split": "train", "voices": sorted({sc.case.voice for sc in train}),
                    "turns": len(train), "verdicts_sha256": verdicts_digest(train),
                    "verdicts": {sc.case.name: pack_verdicts(sc.speech) for sc in train}},
     }
+
+
+FIT_LAG_MS = 250.0
+"""The fit's train figures with text give the detector each word this long after its aligned
+end (a streaming recogniser's lag: bench/_openai_stub.py's word per 250 ms)."""
+
+
+TURN_SOURCE = Path(__file__).resolve().parent.parent / "vad" / "_turn.py"
+_DEFAULTS = {"ProsodyWeights": ("bias", "pitch_position", "pitch_slope", "text_done"),
+             "TurnSettings": ("min_wait_ms", "max_wait_ms")}
+
+
+def with_fitted_defaults(source: str, fit: dict[str, Any]) -> str:
+    """``vad/_turn.py``'s text with the fit's values as the defaults of ``ProsodyWeights``'
+    weights and ``TurnSettings``' waits (the ``name: float = value`` line of each field in its
+    class body), so that ``--fit`` is the whole refit. Raises if a field's line is not found."""
+    values = {**fit["weights"], "min_wait_ms": fit["min_wait_ms"],
+              "max_wait_ms": fit["max_wait_ms"]}
+    out = source
+    for cls, names in _DEFAULTS.items():
+        start = out.index(f"\nclass {cls}")
+        end = out.find("\nclass ", start + 1)
+        body = out[start:end if end >= 0 else len(out)]
+        for name in names:
+            value = float(values[name])
+            body, n = re.subn(rf"(?m)^(    {name}: float = )[-+0-9.e]+$",
+                              lambda m: f"{m.group(1)}{value!r}", body)  # noqa: B023 - now
+            if n != 1:
+                raise ValueError(f"{cls}.{name}: no single default line in vad/_turn.py")
+        out = out[:start] + body + (out[end:] if end >= 0 else "")
+    return out
 
 
 def fitted_settings(fit: dict[str, Any], base: TurnSettings | None = None) -> TurnSettings:
@@ -529,22 +957,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true",
-                    help="refit the prosody model on the train voices and write vad/turn_fit.json")
+                    help="refit the model on the train voices: write vad/turn_fit.json and "
+                    "the defaults in vad/_turn.py (the whole refit)")
     ap.add_argument("--fit-out", type=Path, metavar="JSON",
                     help="with --fit: write the fit here instead of vad/turn_fit.json")
     ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
                     help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
     ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
+    ap.add_argument("--word-gap-cuts", action="store_true",
+                    help="insert the hesitation pauses at aligned word ends, not the quietest "
+                    "40 ms (which is often a stop closure inside a word); not with --fit")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     ap.add_argument("--patience", type=float, nargs="*", default=[],
                     help="also score the prosody detector with these turn.patience values")
+    ap.add_argument("--lag-ms", type=float, default=250.0,
+                    help="the streaming recogniser's lag: a word reaches the detector this long "
+                    "after its aligned end (default 250, as bench/_openai_stub.py)")
+    ap.add_argument("--asr-ms", type=float, default=0.0,
+                    help="pocketsphinx text reaches the detector this long after the silence "
+                    "onset it was decoded at (default 0: as if it decoded as the audio came)")
+    ap.add_argument("--asr-cache", type=Path, metavar="JSON",
+                    help="keep pocketsphinx's decodes here (by the prefix audio's sha1) for reruns")
+    ap.add_argument("--no-pocketsphinx", action="store_true",
+                    help="no pocketsphinx rows (they decode every prefix: minutes)")
+    ap.add_argument("--lm", action="store_true",
+                    help="also try the pocketsphinx trigram's end-of-sentence probability as "
+                    "the text cue (an experiment: fitted on train, reported on both)")
+    ap.add_argument("--lm-waits", type=float, nargs=2, action="append", default=[],
+                    metavar=("MIN", "MAX"), help="with --lm: also these waits (repeatable)")
+    ap.add_argument("--align", action="store_true",
+                    help="force-align the labels' texts and write bench/data/turn_words.json")
     ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
     args = ap.parse_args(argv)
+    if args.fit and args.word_gap_cuts:
+        print("error: --fit is made on the standard cases, not with --word-gap-cuts",
+              file=sys.stderr)
+        return 2
     if args.smart_turn is not None and not args.smart_turn.is_file():
         print(f"error: --smart-turn: no such wheel {args.smart_turn}", file=sys.stderr)
         return 2
     import asyncio
 
+    if args.align:
+        words = align_recordings()
+        WORDS_FILE.write_text(json.dumps(words, indent=0, sort_keys=True) + "\n")
+        print(f"# {sum(len(v) for v in words.values())} words of {len(words)} speech events "
+              f"aligned; written to {WORDS_FILE}")
     t0 = time.perf_counter()
     if args.scored is not None and args.scored.exists():
         import pickle
@@ -552,7 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scored = pickle.loads(args.scored.read_bytes())  # noqa: S301 - our own file
         cases = [sc.case for sc in scored]
     else:
-        cases = build_cases(espeak=not args.no_espeak)
+        cases = build_cases(espeak=not args.no_espeak, word_gap_cuts=args.word_gap_cuts)
         scored = asyncio.run(score(cases))
         if args.scored is not None:
             import pickle
@@ -565,7 +1023,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = {split: [r for sc in scored if sc.case.split == split for r in features_at_pauses(sc)]
             for split in ("train", "check")}
     train = [sc for sc in scored if sc.case.split == "train"]
-    if FIT_FILE.exists():
+    if FIT_FILE.exists() and not args.word_gap_cuts:
         shipped = json.loads(FIT_FILE.read_text())["source"]["verdicts_sha256"]
         if shipped != verdicts_digest(train):
             print("# the VAD chain's verdicts on the train turns are not the ones the shipped "
@@ -576,14 +1034,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         check = [sc for sc in scored if sc.case.split == "check"]
         fit["check_reported"] = {"auc": round(auc(rows["check"], settings.weights), 4),
                                  **_figures(evaluate(check, detector_method(settings)))}
+        check_text = [r for sc in check for r in features_at_pauses(sc, with_text=True)]
+        fit["check_reported_text"] = {
+            "auc": round(auc(check_text, settings.weights), 4), "lag_ms": FIT_LAG_MS,
+            **_figures(evaluate(check, detector_method(settings, aligned_text(FIT_LAG_MS))))}
         out = args.fit_out or FIT_FILE
         out.write_text(json.dumps(fit, indent=1, sort_keys=True) + "\n")
+        if args.fit_out is None:  # the shipped fit: the code's defaults follow it
+            TURN_SOURCE.write_text(with_fitted_defaults(TURN_SOURCE.read_text(), fit))
+            print(f"# the defaults in {TURN_SOURCE.name} are the fit's now")
         print(f"# fitted on {fit['train']['silence_onsets']} silence onsets of the train voices "
               f"({fit['train']['true_ends']} true ends): {settings.weights}, "
               f"min_wait_ms={settings.min_wait_ms}, max_wait_ms={settings.max_wait_ms}; "
               f"written to {out}")
     print("# model ROC AUC (ends vs pauses): " + ", ".join(
         f"{k} {auc(v, settings.weights):.2f} (n={len(v)})" for k, v in rows.items()))
+    text_rows = {split: [r for sc in scored if sc.case.split == split
+                         for r in features_at_pauses(sc, with_text=True)]
+                 for split in ("train", "check")}
+    print("# with the aligned words (text_done): " + ", ".join(
+        f"{k} {auc(v, settings.weights):.2f}" for k, v in text_rows.items()))
     methods: list[tuple[str, Method]] = [
         (f"silence {ms} ms", detector_method(TurnSettings(mode="silence", silence_ms=ms,
                                                           early_ms=0)))
@@ -595,6 +1065,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods.append((f"prosody, patience {patience:g}",
                         detector_method(replace(settings, patience=patience))))
     methods.append(("prosody, no early start", detector_method(replace(settings, early_ms=0))))
+    lag = args.lag_ms
+    texts: list[tuple[str, TextSource]] = [("oracle text", aligned_text()),
+                                           (f"text {lag:g} ms late", aligned_text(lag))]
+    cues_only = replace(settings, weights=replace(settings.weights, text_done=0.0))
+    for label, source in texts:
+        methods.append((f"prosody + {label}, hold/answer cues only",
+                        detector_method(cues_only, source)))
+        methods.append((f"prosody + {label}, text_done {settings.weights.text_done:g}",
+                        detector_method(settings, source)))
     smart = SmartTurn(args.smart_turn) if args.smart_turn else None
     if smart is not None:
         methods.append((f"smart-turn {smart.model} (stop 200 ms, timeout 3 s)", smart.method()))
@@ -611,6 +1090,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "false_ends": o.false_ends, "audible_1s": o.audible_1s,
                 "delay_p50": _pct(o.delays, 50),
                 "delay_p95": _pct(o.delays, 95), "missed": o.missed, "turns": o.turns}
+    if args.lm:
+        lm = EndOfSentenceLM()
+        train_part = [sc for sc in scored if sc.case.split == "train"]
+        lm_w, lm_c = fit_lm_weight(train_part, settings.weights, lm)
+        lm_methods: list[tuple[str, Method]] = []
+        for lo, hi in ((settings.min_wait_ms, settings.max_wait_ms), *args.lm_waits):
+            st = replace(settings, min_wait_ms=lo, max_wait_ms=hi)
+
+            def make(st: TurnSettings = st) -> TurnDetector:
+                return _LMDetector(st, lm, lm_w, lm_c)
+
+            lm_methods.append((f"prosody + text {lag:g} ms late, end-of-sentence LM "
+                               f"(waits {lo:g}-{hi:g} ms)",
+                               detector_method(st, aligned_text(lag), make)))
+        print(f"\n# end-of-sentence LM: weight {lm_w} per log10, centre {lm_c} (fitted on "
+              "train, text_done off)")
+        for split in ("train", "check"):
+            part = [sc for sc in scored if sc.case.split == split]
+            print(f"\n## {split} voices, end-of-sentence LM\n\n{HEADER}")
+            for name, m in lm_methods:
+                o = evaluate(part, m)
+                print(row(name, o), flush=True)
+                report.setdefault(f"{split}_lm", {})[name] = _figures(o)
+    if not args.no_pocketsphinx:
+        recogniser = PrefixRecogniser(args.asr_ms)
+        if args.asr_cache is not None and args.asr_cache.exists():
+            recogniser.cache.update(json.loads(args.asr_cache.read_text()))
+        sub_methods: list[tuple[str, Method]] = [
+            ("prosody", detector_method(settings)),
+            (f"prosody + text {lag:g} ms late", detector_method(settings, aligned_text(lag))),
+            (f"prosody + pocketsphinx text (+{args.asr_ms:g} ms), hold/answer cues only",
+             detector_method(cues_only, recogniser)),
+            (f"prosody + pocketsphinx text (+{args.asr_ms:g} ms)",
+             detector_method(settings, recogniser))]
+        for split in ("train", "check"):
+            part = asr_subset([sc for sc in scored if sc.case.split == split])
+            print(f"\n## {split} voices, the pocketsphinx subset (hesitation pauses "
+                  f"{'/'.join(map(str, ASR_PAUSES_MS))} ms only): {len(part)} turns\n\n{HEADER}")
+            for name, m in sub_methods:
+                o = evaluate(part, m)
+                print(row(name, o), flush=True)
+                report.setdefault(f"{split}_asr_subset", {})[name] = _figures(o)
+            if args.asr_cache is not None:
+                args.asr_cache.write_text(json.dumps(recogniser.cache))
+        print(f"\n# pocketsphinx: {recogniser.decodes} prefixes decoded")
     if smart is not None and smart.infer_ms:
         print(f"\n# smart-turn inference: median {np.median(smart.infer_ms):.1f} ms "
               f"(n={len(smart.infer_ms)}, one thread)")

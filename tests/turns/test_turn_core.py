@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -123,6 +125,29 @@ def test_a_complete_short_answer_ends_after_answer_wait_ms() -> None:
         assert ended_at is not None and det.estimate is not None
         assert det.estimate.text_answer is quick, text
         assert (ended_at <= 300 + 32) is quick, (text, ended_at)
+
+
+def test_a_partial_ending_where_a_sentence_can_end_raises_p_end_by_text_done() -> None:
+    """The fitted text weight: "I want to pay" (ends on a content word) adds ``text_done`` to
+    the log-odds of an end, so the same voice waits less than with no transcript; "and" still
+    holds, and a short answer is not counted twice."""
+    weights = ProsodyWeights(text_done=1.0)
+    settings = TurnSettings(min_wait_ms=300, max_wait_ms=2400, text_wait_ms=1500,
+                            weights=weights)
+    sig = _voice(150, 150, 1500)  # a level pitch: p_end from the bias alone
+    got = {}
+    for text in ("", "I want to pay", "I want to pay and", "yes"):
+        det = TurnDetector(settings)
+        got[text] = (_end_after_transcript(det, sig, text), det.estimate)
+    (none_at, none), (done_at, done) = got[""], got["I want to pay"]
+    assert none is not None and done is not None and none_at is not None
+    assert done.text_done and not none.text_done
+    logit = math.log(done.p_end / (1 - done.p_end)) - math.log(none.p_end / (1 - none.p_end))
+    assert logit == pytest.approx(1.0, abs=1e-6)
+    assert done_at is not None and done_at < none_at - 200
+    hold, answer = got["I want to pay and"][1], got["yes"][1]
+    assert hold is not None and hold.text_hold and not hold.text_done
+    assert answer is not None and answer.text_answer and not answer.text_done
 
 
 def test_patience_scales_the_wait_and_a_short_answer_is_quick() -> None:

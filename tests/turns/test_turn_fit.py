@@ -51,7 +51,8 @@ def test_fit_refuses_held_out_voices() -> None:
 @pytest.mark.slow
 def test_shipped_file_is_what_the_fit_produces() -> None:
     """Refit from the file's own inputs (the train turns rebuilt from the recordings, with the
-    verdicts the file records) and get the file's weights, waits and train figures back."""
+    verdicts the file records, and their words from bench/data/turn_words.json) and get the
+    file's weights (the text weight too), waits and train figures back."""
     cases = _train_cases()
     verdicts = FIT["source"]["verdicts"]
     assert sorted(c.name for c in cases) == sorted(verdicts)
@@ -61,6 +62,7 @@ def test_shipped_file_is_what_the_fit_produces() -> None:
     assert got["weights"] == FIT["weights"]
     assert (got["min_wait_ms"], got["max_wait_ms"]) == (FIT["min_wait_ms"], FIT["max_wait_ms"])
     assert got["train"] == FIT["train"]
+    assert got["train_text"] == FIT["train_text"]
     assert ProsodyWeights(**got["weights"]) == TurnSettings().weights
 
 
@@ -78,3 +80,18 @@ def test_vad_chain_still_gives_the_verdicts_it_was_fitted_on() -> None:
         f"end-of-turn model was fitted (e.g. {moved[:3]}): its features at the pauses moved; "
         "refit with `python -m bench.turn_end --fit` (train voices only) and ship the new "
         "weights in vad/_turn.py")
+
+
+def test_the_refit_writes_the_defaults_into_the_code() -> None:
+    """``python -m bench.turn_end --fit`` is the whole refit: it writes the fit's weights and
+    waits as the defaults in vad/_turn.py. With the shipped fit the source stays as it is;
+    with other values exactly those lines change."""
+    source = turn_end.TURN_SOURCE.read_text()
+    assert turn_end.with_fitted_defaults(source, FIT) == source
+    other = {**FIT, "weights": {**FIT["weights"], "text_done": 0.25, "bias": -0.1},
+             "min_wait_ms": 600.0}
+    changed = turn_end.with_fitted_defaults(source, other)
+    diff = [(a, b) for a, b in zip(source.splitlines(), changed.splitlines(), strict=True)
+            if a != b]
+    assert [b.strip() for _, b in diff] == ["bias: float = -0.1", "text_done: float = 0.25",
+                                            "min_wait_ms: float = 600.0"]
