@@ -19,7 +19,14 @@ Counted:
 
 * per call, the key presses sent against the answers on its downlink (read from Redis as the
   call runs, one copy per event id: a write the bus retried is not a second answer): an answer
-  missing is a lost uplink event, one too many a duplicate;
+  missing is a lost uplink event, one too many a duplicate. An answer is its ``utterance_start``,
+  whatever became of its audio: a barge-in may cut it before any of it played (a key press and
+  then the caller's voice over the bot, read together after a Redis outage: the worker writes
+  the answer as an utterance interrupted before its first audio, as it would have been cut live,
+  ``nodes._worker._drop_stale``). Those are the worker's answers all the same (it handled the key
+  press; the caller would not have heard it live either) and are counted apart, "answers cut
+  before any audio"; until session 7 the worker dropped them without a trace and this bench
+  counted them lost (23 in session 6);
 * calls completed (the caller's ``stop`` sent, every key press answered or not) and calls cut
   (the gateway closed the socket first): those must be only the calls of the killed gateway;
 * takeover time: from the freeze or kill of a worker until every call it owned has another
@@ -267,6 +274,8 @@ class Call:
     sent: list[str] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)  # "You pressed N" on its downlink, in order
+    answer_audio: dict[str, int] = field(default_factory=dict)  # answer utterance -> audio events
+    cut_before_audio: int = 0  # answers whose utterance ended interrupted with no audio
     answer_at: list[float] = field(default_factory=list)
     eids: set[str] = field(default_factory=set)
     clears: list[float] = field(default_factory=list)  # monotonic times of each ``clear``
@@ -454,13 +463,24 @@ class Callers:
                             event = bp.decode(wire)
                         except EventDecodeError:
                             continue  # the gateway skips it too
+                        eid = wire.get("eid")  # the bus's envelope: a re-sent copy has the same
+                        if isinstance(event, bp.Audio | bp.UtteranceEnd):
+                            audio = call.answer_audio.get(event.utterance_id)
+                            if audio is None or eid in call.eids:
+                                continue  # not an answer, or a copy
+                            call.eids.add(eid)
+                            if isinstance(event, bp.Audio):
+                                call.answer_audio[event.utterance_id] = audio + 1
+                            elif event.interrupted and not audio:
+                                call.cut_before_audio += 1
+                            continue
                         if not isinstance(event, bp.UtteranceStart):
                             continue
                         text = event.text or ""
-                        eid = wire.get("eid")  # the bus's envelope: a re-sent copy has the same
                         if not text.startswith(ANSWER) or eid in call.eids:
                             continue
                         call.eids.add(eid)
+                        call.answer_audio[event.utterance_id] = 0
                         call.answers.append(text)
                         call.answer_at.append(now)
                         call.answered.set()
@@ -678,6 +698,7 @@ def report(args: argparse.Namespace, callers: Callers, chaos: Chaos, faults: lis
         "calls_cut_elsewhere": len(cut_other), "calls_failed_to_connect": len(failed),
         "key_presses": keys, "events_lost": lost, "events_lost_mid_call": lost - at_hangup,
         "unanswered_at_hangup": at_hangup, "events_duplicated": dup,
+        "answers_cut_before_audio": sum(c.cut_before_audio for c in completed),
         "duplicated_on_cut_calls": cut_dup,
         "worst_takeover_s": round(max(chaos.takeovers), 2) if chaos.takeovers else None,
         "takeovers_s": [round(t, 2) for t in chaos.takeovers],
@@ -708,6 +729,7 @@ def print_table(r: dict[str, Any]) -> None:
         ("  of which mid-call (a later key answered)", r["events_lost_mid_call"]),
         ("  of which unanswered at hang-up", r["unanswered_at_hangup"]),
         ("uplink events duplicated", r["events_duplicated"]),
+        ("answers cut by a barge-in before any audio", r["answers_cut_before_audio"]),
         ("worst takeover (s)", r["worst_takeover_s"]),
         ("answer delay p50 / max (s)", f"{_f(r['answer_delay_p50_s'])} / {_f(r['answer_delay_max_s'])}"),
         ("barge-ins cleared", r["barge_ins_cleared"]),

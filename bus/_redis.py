@@ -85,6 +85,9 @@ connection may have delivered some. A Redis that restarts empty (no persistence)
 it held; the bus recreates its groups and leases, and whatever was buffered lands afterwards.
 The bus is back (one log line, ``redis_down`` 0) once the server answers and what was buffered
 up to then is written, however many newer writes are queued by then (see ``_Outage``).
+redis-py's pool running out of connections (``MaxConnectionsError``) is no outage: the command
+is retried with backoff, counted (``pool_exhausted``) and logged, rate-limited, and the bus stays
+up (``_Outage._pool_exhausted``).
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError, ClusterDownError, MasterDownError, MovedError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
@@ -411,6 +415,15 @@ STEP_FLUSH_S = 1.0
 on; the writes stay queued in order)."""
 
 
+_POOL_LOG_EVERY_S = 10.0
+"""At most one "connection pool exhausted" line this often (a burst hits it once per command)."""
+
+
+def _pool_limit(client: Any) -> object:
+    pool = getattr(client, "connection_pool", None)
+    return getattr(pool, "max_connections", "?")
+
+
 class _Outage:
     """The bus's view of its server: one log line when it goes, one when it is back.
 
@@ -432,8 +445,13 @@ class _Outage:
         # The buffer's last seq when the server first answered again: back once it is written.
         self._backlog: int | None = None
         self.last_failure = -math.inf  # monotonic time of the latest failed command, any task
+        self._pool_logged_at = -math.inf
+        self._pool_unlogged = 0
 
     def lost(self, exc: BaseException) -> None:
+        if isinstance(exc, MaxConnectionsError):
+            self._pool_exhausted(exc)
+            return
         self.last_failure = time.monotonic()
         self._backlog = None  # failed again mid-flush: back only after the server answers anew
         if self.since is not None:
@@ -446,6 +464,28 @@ class _Outage:
             "limit %d, oldest non-critical dropped beyond) and retrying with backoff",
             self._bus.bus_id, self._bus._where, type(exc).__name__, exc, len(buf), buf.max_ops,
         )  # fmt: skip
+
+    def _pool_exhausted(self, exc: MaxConnectionsError) -> None:
+        """redis-py's connection pool had no connection left for a command (its default limit
+        is 100; seen at 300 calls): this process is busy, the server is fine. The command is
+        retried with backoff like any failed one, but the bus does not go into an outage (that
+        logs "lost Redis", reports ``redis_down``, answers ``record_once`` with "unreachable"
+        at once, skips the per-step flush and holds back every claim of orphaned calls after
+        it "comes back"). Counted (``pool_exhausted`` in ``stats()``), logged at most once per
+        ``_POOL_LOG_EVERY_S`` with how many were not."""
+        bus = self._bus
+        bus.pool_exhausted += 1
+        now = time.monotonic()
+        if now - self._pool_logged_at < _POOL_LOG_EVERY_S:
+            self._pool_unlogged += 1
+            return
+        log.warning(
+            "bus %s: the Redis connection pool is exhausted (%s; pool limit %s); the command is "
+            "retried with backoff; not an outage (%d more since the last such line)",
+            bus.bus_id, exc, _pool_limit(bus._redis), self._pool_unlogged,
+        )  # fmt: skip
+        self._pool_logged_at = now
+        self._pool_unlogged = 0
 
     def ok(self) -> None:
         """The server answered a command (the writer calls it after every written batch)."""
@@ -603,6 +643,8 @@ class RedisBus(Bus):
         self._state = _State.NEW
         self._buf = OutboundBuffer(buffer_max)
         self._outage = _Outage(self)
+        self.pool_exhausted = 0
+        """Commands that found redis-py's connection pool exhausted (retried; not an outage)."""
         self._redis: Any = None  # Redis, or RedisCluster
         self._topology: Any = None  # a Cluster: the client that finds each slot's primary
         self._closing: asyncio.Future[None] | None = None
@@ -627,10 +669,13 @@ class RedisBus(Bus):
     def stats(self) -> dict[str, float]:
         """The counters, plus: writes waiting for the server (``buffered_writes``), writes
         dropped on buffer overflow so far (``writes_dropped``), 1 while the server is away
-        (``redis_down``) and the calls this bus's workers own (``calls_owned``)."""
+        (``redis_down``), commands that found the connection pool exhausted
+        (``pool_exhausted``, not an outage) and the calls this bus's workers own
+        (``calls_owned``)."""
         return {**self.counters, "buffered_writes": len(self._buf),
                 "writes_dropped": self._buf.dropped_total,
                 "redis_down": 0 if self._outage.since is None else 1,
+                "pool_exhausted": self.pool_exhausted,
                 "calls_owned": len(self._owned)}
 
     # -- keys -----------------------------------------------------------------------------

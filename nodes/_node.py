@@ -49,6 +49,7 @@ class Node:
         self._epoch = 0
         self._is_interruptible = is_interruptible
         self.init_event: SDKSystemInitEvent | None = None
+        self._processing: SDKEvent | None = None  # the event the loop is in (for the logs)
 
     # -- graph ------------------------------------------------------------------------------
     @property
@@ -121,14 +122,24 @@ class Node:
         old = self._loop_task
         self._epoch += 1
         dropped, self._queue = self._queue, asyncio.Queue()
+        gone: list[str] = []
         while not dropped.empty():
             event = dropped.get_nowait()
             if event is not None and _outlives_interrupt(event):
                 self._queue.put_nowait(event)  # still held: the fresh loop takes it in
             else:
+                if event is not None:
+                    gone.append(event.type)
                 _reactions.release(event)
+        if gone:
+            logger.debug("[%s] interrupt dropped queued %s", self.name, ", ".join(gone))
         if old is None or not self._running:
             return
+        if self._processing is not None:
+            # Cancelled part-way: what it had emitted stays (stale, see SDKEvent.is_stale).
+            logger.debug("[%s] interrupt cancels the processing of %s", self.name,
+                         self._processing.type)
+            self._processing = None  # the fresh loop's own is set when it takes one in
         current = asyncio.current_task()  # (``old is current_task()`` widens ``old`` in mypy 2.4)
         if current is not None and current is old:
             # The node interrupted itself from inside its own loop: the CancelledError
@@ -156,6 +167,7 @@ class Node:
                 _reactions.release(event)
                 break
             token = _reactions.CURRENT.set(event._reaction)
+            self._processing = event
             try:
                 await self.process_event(event)
             except Exception:
@@ -163,6 +175,8 @@ class Node:
                 # of the call: log it with its traceback and take the next event.
                 logger.exception("[%s] error while processing %s", self.name, event.type)
             finally:
+                if epoch == self._epoch:  # (a fresh loop may be in its own event already)
+                    self._processing = None
                 _reactions.CURRENT.reset(token)
                 _reactions.release(event)
 

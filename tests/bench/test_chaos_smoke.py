@@ -57,6 +57,8 @@ def test_a_tiny_chaos_run_counts_every_key_press_and_cleans_up(tmp_path: Path) -
     assert (proc.returncode == 1) == bool(r["events_lost"] or r["events_duplicated"]
                                           or r["calls_cut_elsewhere"])
     assert "uplink events lost" in proc.stdout and "worst takeover" in proc.stdout
+    assert 0 <= r["answers_cut_before_audio"] <= r["key_presses"]
+    assert "answers cut by a barge-in before any audio" in proc.stdout
     assert _processes_under(workdir) == [], "bench.chaos left processes behind"
 
 

@@ -462,7 +462,9 @@ class Scripted(OutputAgentNode):
 
 async def test_barge_in_drops_responses_queued_behind_the_interrupted_one(bus: Bus) -> None:
     """Two interruptible nodes answer; the caller barges in on the first: the second, generated
-    but not yet played, is never played and leaves no assistant message."""
+    but not yet played, is never played (on the downlink as an utterance interrupted before its
+    first audio, as it would be had it been sent before the barge-in) and leaves no assistant
+    message."""
     nodes = [Scripted("alpha", "Alpha speaking."), Scripted("bravo", "Bravo speaking.")]
     interrupted = asyncio.Event()
 
@@ -488,8 +490,10 @@ async def test_barge_in_drops_responses_queued_behind_the_interrupted_one(bus: B
         await guard(interrupted.wait())
         synth.gate.set()
         received = await line.end(worker)
-    assert [e["type"] for e in received] == ["utterance_start", "utterance_end"]
-    assert received[1]["interrupted"] is True
+    assert [(e["type"], e.get("node")) for e in received] == [
+        ("utterance_start", "alpha"), ("utterance_end", None),
+        ("utterance_start", "bravo"), ("utterance_end", None)]
+    assert received[1]["interrupted"] is True and received[3]["interrupted"] is True
     for node in nodes:
         assert node.context.messages == [{"role": "user", "content": "Hello?"}]
 
