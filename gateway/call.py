@@ -726,17 +726,12 @@ class CallSession:
         if self._stt_stream is not None:
             self._stt_stream.close()
             self._stt_stream = None
-        # Cancelled and awaited: once the call has ended no transcription of it is running
-        # (its recogniser process or provider socket let go; nothing of it reaches the bus
-        # after call_ended). One that ignores its cancel for 2 s is left and said so.
+        # Cancelled now (none of them publishes once the phase is ENDED), awaited last: this
+        # end() may run in the downlink task (a bot hang-up), which the socket handler cancels
+        # as soon as it sees the call ended, so nothing that must happen may come after a wait.
         stt = [t for t in self._stt_tasks if t is not asyncio.current_task()]
         for task in stt:
             task.cancel()
-        if stt:
-            _, late = await asyncio.wait(stt, timeout=2.0)
-            if late:
-                self._log.warning("%d speech-to-text task(s) still running 2 s after the call "
-                                  "ended; left to finish", len(late))
         if was_streaming and self.info is not None:
             self.emit("call_ended", reason=reason)
             await self.publish(bp.CallEnded(reason=reason, t_ms=self.now_ms))
@@ -745,6 +740,13 @@ class CallSession:
         self._closed.set()
         if self._on_end is not None:
             await self._on_end(self)
+        if stt:
+            # Once the call has ended no transcription of it is running (its recogniser process
+            # or provider socket let go). One that ignores its cancel for 2 s is left, and said.
+            _, late = await asyncio.wait(stt, timeout=2.0)
+            if late:
+                self._log.warning("%d speech-to-text task(s) still running 2 s after the call "
+                                  "ended; left to finish", len(late))
 
     @property
     def ended(self) -> bool:

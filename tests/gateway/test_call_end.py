@@ -81,3 +81,45 @@ async def test_ending_a_call_awaits_its_transcriptions() -> None:
         assert all(s.closed for s in hanging)
         assert all(s.cancelled for s in hanging if s.finishing)
         assert not session._stt_tasks
+
+
+async def test_a_hangup_whose_end_is_cancelled_by_the_socket_handler_still_ends_the_call() -> None:
+    """The bot's hang-up ends the call from the downlink task; the socket handler, seeing the
+    call ended at its next frame, cancels that task. Nothing that must happen (``call_ended``
+    on the bus, the call closed, ``wait_ended``) may wait behind the speech-to-text tasks.
+    (Found in review: with the wait first, call_ended was lost whenever STT was in flight.)"""
+    from bus import protocol as bp
+
+    transcriber = _Transcriber()
+
+    async def send(text: str) -> None:
+        pass
+
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        session = CallSession(send=send, bus=bus, vad=engine,
+                              transcriber_for=lambda info: transcriber)
+        events: list[str] = []
+        session.timeline.add_listener(lambda e: events.append(e["type"]))
+        downlink: asyncio.Task[None] | None = None
+        for line in recording_messages(rec.source(NAME)):
+            if json.loads(line).get("event") != "stop":
+                await session.handle_text(line)
+            if session.info is not None and downlink is None:
+                downlink = asyncio.create_task(session.run_downlink())
+        assert downlink is not None and session.info is not None
+        await asyncio.wait_for(transcriber.finishing.wait(), 60)
+        assert session._stt_tasks, "a turn's transcription is in flight"
+
+        await bus.send(session.info.call_sid, bp.encode(bp.Hangup()))
+
+        async def ended() -> None:
+            while not session.ended:
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(ended(), 30)
+        # What the server's _end_stream does once the handler sees the call ended:
+        await session.end("socket_closed")
+        downlink.cancel()
+        await asyncio.gather(downlink, return_exceptions=True)
+        assert "call_ended" in events
+        await asyncio.wait_for(session.wait_ended(), 5)
