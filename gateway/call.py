@@ -175,6 +175,11 @@ class CallSession:
         self._transcriber: Any = None
         self._transcribe_inline = transcribe_inline
         self._stt_stream: Any = None
+        # The stream of the turn whose end the detector is still waiting on (its transcription
+        # was finished at turn_likely): its late partials and its final still reach the
+        # detector, which decides the turn end ~0.6-2 s later. Without it the detector kept the
+        # partial of turn_likely, one word behind a 250 ms-late recogniser ("... check my").
+        self._turn_text_stream: Any = None
         self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
         self._heard_utterance: str | None = None
@@ -403,18 +408,21 @@ class CallSession:
                       silence_ms=self.turn.silence_ms)
             if self.settings.turn.speculate:
                 await self._speculate()
+            self._turn_text_stream = self._stt_stream
             await self._finish_transcription()
             return
         if decision is not TurnDecision.TURN_END:
             return
         est = self.turn.estimate
         self.turn.new_turn()
+        self._turn_text_stream = None
         if self._turn_tentative:
             self._turn_tentative = False
             self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms,
                       wait_ms=round(est.wait_ms, 1) if est else None,
                       p_end=round(est.p_end, 3) if est else None,
-                      text_hold=est.text_hold if est else False)
+                      text_hold=est.text_hold if est else False,
+                      text_done=est.text_done if est else False)
             await self._pump()  # the held reply goes out
             return
         if not self._turn_open:
@@ -425,7 +433,8 @@ class CallSession:
         self.emit("turn_end", speech_end_ms=self.turn.last_speech_end_ms,
                   wait_ms=round(est.wait_ms, 1) if est else None,
                   p_end=round(est.p_end, 3) if est else None,
-                  text_hold=est.text_hold if est else False)
+                  text_hold=est.text_hold if est else False,
+                  text_done=est.text_done if est else False)
         await self._finish_transcription()
 
     async def _speculate(self) -> None:
@@ -496,6 +505,7 @@ class CallSession:
     def _start_transcription(self) -> None:
         if self._transcriber is None or self._stt_stream is not None:
             return
+        self._turn_text_stream = None  # the caller spoke again: this stream's words count now
         self._stt_stream = self._transcriber.open_stream(sample_rate=TELEPHONY_RATE)
         for ulaw in self._preroll:
             self._stt_stream.feed(ulaw_to_pcm16(ulaw))
@@ -512,7 +522,7 @@ class CallSession:
             async for partial in stream.partials():
                 if self.phase is CallPhase.ENDED:
                     return
-                if stream is self._stt_stream:
+                if stream is self._stt_stream or stream is self._turn_text_stream:
                     self.turn.set_transcript(partial.text)
                 self.emit("transcript", text=partial.text, final=False)
                 await self.publish(bp.Transcript(text=partial.text, final=False,
@@ -552,6 +562,8 @@ class CallSession:
         text = str(getattr(result, "text", "")).strip()
         if self.phase is CallPhase.ENDED and not self._transcribe_inline:
             return
+        if stream is self._turn_text_stream and text:
+            self.turn.set_transcript(text)  # the turn end is still to come: its words, whole
         if self._speculated is not None and self._speculated[0] is stream and not dropped:
             _, said, prefix = self._speculated
             self._speculated = None

@@ -9,7 +9,7 @@ uploaded instead, and the call goes on (the next turn streams again)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -17,7 +17,7 @@ from bus import Bus, Event
 from gateway.call import CallSettings
 from gateway.replay import replay
 from gateway.timeline import Timeline
-from speech import OpenAITranscriber
+from speech import OpenAITranscriber, Transcript
 from tests import recordings_index as rec
 from vad._turn import TurnSettings
 
@@ -126,3 +126,54 @@ async def test_a_speculative_transcript_is_confirmed_or_revised_by_the_final(
         assert [e["text"] for e in sent] == [words, final_text]
         assert sent[1]["replaces_previous"] is True
         assert uplink.index(cancels[0]) < uplink.index(sent[1])  # the cancel goes first
+
+
+class _LaggingStream:
+    """A streaming recogniser one word behind: its partial ends on "and" (a continuation: the
+    turn waits longest), its final, asked for at turn_likely, has the whole phrase."""
+
+    PARTIAL, FINAL = "go forward and", "go forward ten meters"
+
+    def __init__(self) -> None:
+        self._done = asyncio.Event()
+
+    def feed(self, pcm: bytes) -> None:
+        pass
+
+    async def partials(self) -> AsyncIterator[Transcript]:
+        yield Transcript(text=self.PARTIAL, final=False)
+        await self._done.wait()
+
+    async def partial(self) -> Transcript:
+        return Transcript(text=self.PARTIAL, final=False)
+
+    async def finish(self) -> Transcript:
+        self._done.set()
+        return Transcript(text=self.FINAL)
+
+    def close(self) -> None:
+        self._done.set()
+
+
+class _LaggingTranscriber:
+    def open_stream(self, *, sample_rate: int) -> _LaggingStream:
+        return _LaggingStream()
+
+
+async def test_the_final_transcript_reaches_the_turn_end_decided_after_it() -> None:
+    """At turn_likely the turn's speech to text is finished (the agent starts on it), but the
+    turn end comes 0.6-2 s later: what the recogniser says after turn_likely still reaches the
+    detector. Before, it kept the partial of turn_likely, one word behind a lagging recogniser
+    ("go forward and"), and held the turn for text_wait_ms (found in review)."""
+    uplink: list[dict[str, object]] = []
+    timeline = Timeline()
+    await replay(rec.source("barge_in_command_goforward"), agent=listener(uplink),
+                 transcriber_for=lambda info: _LaggingTranscriber(), timeline=timeline,
+                 settings=CallSettings(turn=TurnSettings()))
+    events = timeline.events
+    likely = next(e for e in events if e["type"] == "turn_likely")
+    final = next(e for e in events if e["type"] == "transcript" and e["final"])
+    end = next(e for e in events if e["type"] == "turn_end" and e["t_ms"] >= likely["t_ms"])
+    assert final["text"] == _LaggingStream.FINAL and final["t_ms"] <= end["t_ms"]
+    assert end["text_hold"] is False and end["text_done"] is True
+    assert end["wait_ms"] < TurnSettings().text_wait_ms
