@@ -654,7 +654,8 @@ class CallSession:
                         start = len(u.text) if event.text_start is None else event.text_start
                         u.add_text(event.text, start, event.text_end, len(event.payload))
                 case bp.UtteranceEnd():
-                    self.playback.end(event.utterance_id)
+                    await self._apply(self.playback.end(event.utterance_id,
+                                                        interrupted=event.interrupted))
                 case bp.Hangup():
                     self._hangup_requested = True
                 case bp.Transfer():

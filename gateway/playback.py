@@ -187,11 +187,17 @@ class Playback:
         u.audio.extend(audio)
         return True
 
-    def end(self, utterance_id: str) -> None:
+    def end(self, utterance_id: str, *, interrupted: bool = False) -> Outcome:
+        """No more audio will come. ``interrupted``: the worker cut it (a barge-in reached the
+        agent first); one that has not started playing is dropped unheard."""
         u = self._by_id.get(utterance_id)
         if u is None:
             raise PlaybackError(f"end of unknown utterance {utterance_id!r}")
         u.ended = True
+        out = Outcome()
+        if interrupted and u.interruptible and u.state is UtteranceState.QUEUED:
+            self._drop_unplayed(u, out)
+        return out
 
     # -- the media clock ---------------------------------------------------------------------
     def pump(self, now_ms: float) -> Outcome:
@@ -301,7 +307,19 @@ class Playback:
         self._queue.popleft()
         out.events.append({"type": "bot_utterance_interrupted", **u.describe(),
                            "heard_ms": u.heard_ms})
+        # The caller took the turn: the interruptible utterances queued behind it go too,
+        # unheard (the worker cuts them from the context the same way, nodes/_worker.py). Kept,
+        # the next one started the instant the first was cut: the bot talked on over the
+        # caller. A non-interruptible one queued there still plays.
+        for later in [x for x in self._queue if x.interruptible]:
+            self._drop_unplayed(later, out)
         return u, out
+
+    def _drop_unplayed(self, u: Utterance, out: Outcome) -> None:
+        u.state = UtteranceState.INTERRUPTED
+        self._queue.remove(u)
+        out.events.append({"type": "bot_utterance_interrupted", **u.describe(), "heard_ms": 0.0,
+                           "before_audio": True})
 
     def stop_all(self) -> list[Utterance]:
         """The call is over: every utterance not finished is dropped; returns them."""

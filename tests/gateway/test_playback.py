@@ -44,10 +44,9 @@ def _deliver(pb: Playback, tw: TwilioPlayout, out: object, t: float) -> list[str
 def test_only_marks_echoed_before_clear_count_as_heard() -> None:
     pb = Playback(chunk_ms=20, lead_ms=240)
     tw = TwilioPlayout(stream_sid=SID)
-    for uid in ("u1", "u2"):
-        pb.start(uid, node="n", interruptible=True)
-        pb.add_audio(uid, b"\x7f" * 8000)  # 1 s each
-        pb.end(uid)
+    pb.start("u1", node="n", interruptible=True)
+    pb.add_audio("u1", b"\x7f" * 8000)  # 1 s
+    pb.end("u1")
     _run(pb, tw, 0, 500)
     u1 = pb.get("u1")
     assert u1 is not None and u1.state is UtteranceState.PLAYING
@@ -62,7 +61,10 @@ def test_only_marks_echoed_before_clear_count_as_heard() -> None:
         pb.on_mark(name, 500)
     assert u1.heard == heard_before  # the clear's echoes proved nothing
     assert u1.state is UtteranceState.INTERRUPTED
-    # u2 plays on, fully, and its marks count.
+    # The next reply (after the barge-in) plays fully, and its marks count.
+    pb.start("u2", node="n", interruptible=True)
+    pb.add_audio("u2", b"\x7f" * 8000)
+    pb.end("u2")
     _run(pb, tw, 520, 2000)
     u2 = pb.get("u2")
     assert u2 is not None and u2.state is UtteranceState.FINISHED and u2.heard == 8000
@@ -122,3 +124,44 @@ def test_next_utterance_starts_when_the_last_mark_of_the_one_before_comes_back()
     assert [(e["type"], e["utterance_id"]) for e in out.events] == [
         ("bot_utterance_finished", "a"), ("bot_utterance_started", "b")]
     assert [c.utterance_id for c in out.chunks] == ["b"]
+
+
+def _queued(pb: Playback, uid: str, *, interruptible: bool = True, audio: bool = True) -> None:
+    pb.start(uid, node="n", interruptible=interruptible, text=uid)
+    if audio:
+        pb.add_audio(uid, b"\x10" * 8000)  # 1 s
+    pb.end(uid)
+
+
+def test_a_barge_in_drops_the_interruptible_replies_queued_behind_and_keeps_the_others() -> None:
+    """The caller took the turn: the bot must not start its next queued reply the instant the
+    first is cut (it did: the next one began playing over the caller). A non-interruptible one
+    queued there (a disclosure) still plays."""
+    pb, tw = Playback(chunk_ms=40, lead_ms=200), TwilioPlayout(stream_sid=SID)
+    for uid, interruptible in (("u1", True), ("u2", True), ("u3", False), ("u4", True)):
+        _queued(pb, uid, interruptible=interruptible)
+    _run(pb, tw, 0, 400)
+    u, out = pb.interrupt(400)
+    assert u is not None and u.id == "u1" and out.clear
+    dropped = [e for e in out.events if e.get("before_audio")]
+    assert [(e["utterance_id"], e["heard_ms"]) for e in dropped] == [("u2", 0.0), ("u4", 0.0)]
+    assert pb.get("u2").state is pb.get("u4").state is UtteranceState.INTERRUPTED
+    started = pb.pump(400).events
+    assert [e["utterance_id"] for e in started if e["type"] == "bot_utterance_started"] == ["u3"]
+
+
+def test_an_answer_the_worker_cut_before_it_played_is_never_started() -> None:
+    """``utterance_end {interrupted: true}`` for an answer a barge-in cut in the worker before
+    any audio (nodes/_worker.py): dropped unheard, not shown as said (it was shown as started
+    and finished)."""
+    pb = Playback(chunk_ms=40, lead_ms=200)
+    pb.start("u1", node="n", interruptible=True, text="You pressed 2")
+    out = pb.end("u1", interrupted=True)
+    assert [(e["type"], e["before_audio"]) for e in out.events] == [
+        ("bot_utterance_interrupted", True)]
+    assert pb.current is None and pb.pump(0).events == []
+    # Without the flag the same audio-less utterance "plays": started, then finished.
+    pb.start("u2", node="n", interruptible=True, text="hello")
+    assert pb.end("u2").events == []
+    assert [e["type"] for e in pb.pump(0).events] == ["bot_utterance_started",
+                                                      "bot_utterance_finished"]
