@@ -722,6 +722,11 @@ def fit_text_weight(rows: Sequence[tuple[tuple[float, ...], bool]],
     do not end on a continuation word (those wait ``text_wait_ms`` regardless; onsets with no
     words yet are the flag's 0), ends and pauses weighted equally."""
     use = [r for r in rows if r[0][4] == 0]
+    if not use or len({r[1] for r in use}) < 2 or not any(r[0][3] for r in use):
+        # No words (turn_words.json missing) or one class only: refuse rather than write 0 or
+        # NaN into vad/_turn.py's defaults.
+        raise SystemExit("bench.turn_end --fit: no transcripts to fit the text weight on "
+                         "(run python -m bench.turn_end --align first)")
     off = np.array([weights.bias + weights.pitch_position * r[0][0]
                     + weights.pitch_slope * r[0][1] for r in use])
     x = np.array([r[0][3] for r in use])

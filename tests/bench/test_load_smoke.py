@@ -142,15 +142,16 @@ def test_transport_floor_reports_a_run_below_the_cpu_clock_tick(
     def run_floor(n: int, **_: object) -> dict[str, object]:
         share = 0.0 if n == 3 else 0.02
         return {"calls": n, "ok": n, "silent": True, "server_cpu_share": share,
-                "kernel_share": None, "ms_per_call_second": 1000 * share / n,
+                "kernel_share": 0.5, "ms_per_call_second": 1000 * share / n,
                 "calls_per_core": n / share if share else None, "gen_late_p99_ms": 0.4,
                 "bot_audio_s": 0.0, "marks_echoed": 0}
 
     monkeypatch.setattr(ws_floor, "run_floor", run_floor)
     monkeypatch.setattr(ws_floor, "pick_cpus", lambda: (None, None))
     assert ws_floor.main(["--calls", "3,6", "--silent"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.lstrip()[:1].isdigit()]
-    assert len(rows) == 2 and all("?" in row for row in rows)
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()
+            if line.lstrip()[:1].isdigit()]
+    assert len(rows) == 2 and [row[5].strip() for row in rows] == ["?", "?"]  # "x first N"
 
 
 async def test_call_cpu_splits_the_call_logic_cost() -> None:

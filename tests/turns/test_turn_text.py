@@ -135,3 +135,17 @@ def test_the_end_of_sentence_lm_ranks_a_finished_phrase_above_an_open_one() -> N
     assert got["all year"] == pytest.approx(-0.55, abs=0.01)
     assert got["can do for you"] > -1 > got["can do for"]
     assert got["of the"] < -2
+
+
+def test_the_text_weight_is_not_fitted_without_words() -> None:
+    """With bench/data/turn_words.json missing the rows carry no text: --fit refuses instead of
+    writing a text weight of 0 (or NaN, with no rows) into vad/_turn.py's defaults."""
+    import pytest
+
+    from bench import turn_end
+    from vad._turn import ProsodyWeights
+
+    no_words = [((0.2, -3.0, 0.0, 0.0, 0.0), True), ((0.8, 2.0, 0.0, 0.0, 0.0), False)]
+    for rows in ([], no_words):
+        with pytest.raises(SystemExit, match="no transcripts"):
+            turn_end.fit_text_weight(rows, ProsodyWeights())
