@@ -159,8 +159,14 @@ def test_console_call_with_a_recorded_barge_in(browser: Any, served: Served,
     assert onsets and onsets[0]["ms"] == round(clear["t_ms"] - clear["onset_ms"], 1)
     # Twilio's rules, as the page keeps them: every mark echoed, those of audio the clear
     # dropped at once (the gateway keeps up to 240 ms queued, so some were pending).
-    stats = browser.execute_script("return callgateCall.stats")
-    assert stats["media"] == stats["marks"] and stats["clears"] >= 1
+    # (The gateway sends a chunk's media and its mark as two frames: while the answer streams,
+    # a read can fall between them, so wait for a read with every pair complete.)
+    def paired(d: Any) -> dict[str, int] | None:
+        s = d.execute_script("return callgateCall.stats")
+        return s if s["media"] == s["marks"] else None
+
+    stats = wait.until(paired)
+    assert stats["clears"] >= 1
     assert stats["echoedOnClear"] > 0
     assert stats["echoedPlayed"] + stats["echoedOnClear"] <= stats["marks"]
     # ... and the page drew levels and probabilities from the ops stream.
