@@ -78,6 +78,7 @@ import asyncio
 import copy
 import functools
 import importlib
+import itertools
 import logging
 import os
 import socket
@@ -143,6 +144,23 @@ _RECANCEL_S = 0.05
 
 # Handled eids kept in a snapshot: redeliveries reach back only over the unacked messages.
 _KEPT_EIDS = 1000
+# ... and in memory: a call's state must not grow with its length (an hour of playback
+# reports is ~90,000 events). Older ones were acked long ago and are never redelivered; the
+# unapplied ones (still unacked) are always kept.
+_HANDLED_IN_MEMORY = 4 * _KEPT_EIDS
+# Ended utterances kept per call (an interrupt or a playback report names a recent one; a
+# late chunk finds its ended utterance and is not spoken as a new one).
+_KEPT_UTTERANCES = 64
+
+
+def _forget_oldest(handled: dict[str, None], n: int, *, keep: dict[str, str]) -> None:
+    """Drop up to ``n`` of the oldest eids from ``handled``, never one in ``keep``."""
+    for eid in list(itertools.islice(handled, n + len(keep))):
+        if n <= 0:
+            return
+        if eid not in keep:
+            del handled[eid]
+            n -= 1
 
 
 def _eid_of(event: SDKEvent, kind: str) -> str | None:
@@ -536,6 +554,9 @@ class SessionWorker:
                        else await self._on_uplink(state, record, reaction))
             reaction.release()
             state.handled[eid] = None
+            if len(state.handled) > _HANDLED_IN_MEMORY:
+                _forget_oldest(state.handled, len(state.handled) - _HANDLED_IN_MEMORY,
+                               keep=state.unapplied)
             state.order.append(message.id)
             if applied is None and reaction.done:
                 state.last_eid = eid
@@ -801,6 +822,12 @@ class SessionWorker:
         state.utterances[utterance.utterance_id] = utterance
         if request_id is not None:
             state.by_request[request_id] = utterance
+        if len(state.utterances) > 2 * _KEPT_UTTERANCES:
+            ended = [u for u in state.utterances.values() if u.ended]
+            for old in ended[: len(ended) - _KEPT_UTTERANCES]:
+                del state.utterances[old.utterance_id]
+                if old.request_id is not None and state.by_request.get(old.request_id) is old:
+                    del state.by_request[old.request_id]
         await self._send_utterance(state, utterance, bp.UtteranceStart(
             utterance_id=utterance.utterance_id,
             node=origin.name if origin is not None else "",

@@ -545,3 +545,36 @@ async def test_the_caller_s_input_queued_behind_an_answer_outlives_a_barge_in(bu
     assert "You pressed 5" in spoken
     users = [m["content"] for m in node.context.messages if m["role"] == "user"]
     assert users == ["Hello?", "Are you there?"]
+
+
+async def test_a_long_call_s_state_stays_bounded(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call's worker state does not grow with its length: handled eids and ended utterances
+    beyond a bound are forgotten (shrunk here to 8 and 2 to see it), and every key press is
+    still answered once, in order."""
+    import nodes._worker as worker_module
+
+    monkeypatch.setattr(worker_module, "_HANDLED_IN_MEMORY", 8)
+    monkeypatch.setattr(worker_module, "_KEPT_UTTERANCES", 2)
+    node = Chunked(name="alpha")
+
+    async def setup(session: AgentSession) -> None:
+        session.add_node(node)
+        await session.start()
+        await session.wait_until_complete()
+
+    digits = [str(n % 10) for n in range(30)]
+    sizes: list[tuple[int, int, int]] = []
+    async with Worker(bus, setup) as worker:
+        line = await open_line(bus, "CA9100")
+        for digit in digits:
+            await line.publish({"type": "dtmf", "digit": digit})
+            start = await line.next("utterance_start", text=f"You pressed {digit}")
+            await line.next("utterance_end", utterance_id=start["utterance_id"])
+            state = worker._calls["CA9100"]
+            sizes.append((len(state.handled), len(state.unapplied), len(state.utterances)))
+        await line.end(worker)
+    spoken = [e.get("text") for e in line.of("utterance_start")]
+    assert spoken == [f"You pressed {d}" for d in digits]
+    assert all(handled <= 8 + unapplied for handled, unapplied, _ in sizes)
+    assert max(handled for handled, _, _ in sizes) >= 8  # it did fill up
+    assert max(utterances for _, _, utterances in sizes) <= 2 * 2 + 1
