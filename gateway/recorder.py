@@ -81,9 +81,11 @@ class RecordingSettings:
     keep_days: float = 7.0
     """Recorded calls older than this are deleted."""
     max_seconds: float = 3600.0
-    """A call is recorded for its first this many seconds of media; the rest is not kept (the
-    folder says where it was cut, and a warning is logged). A recorded call is held in memory
-    until it ends (~15 KB per second: 54 MB an hour), so this is what bounds it."""
+    """A call is recorded for its first this many seconds of media (counted in 20 ms inbound
+    frames); the rest is not kept (the folder says where it was cut, a warning is logged, and
+    its replay says so). A recorded call is held in memory until it ends (~15 KB per second of
+    the caller's frames, about twice that while the bot talks: 54-110 MB an hour), so this is
+    what bounds it."""
 
 
 def _strip_token(line: str) -> str:
@@ -370,6 +372,9 @@ async def replay_folder(folder: Path | str, *, events_out: IO[str] | None = None
         settings = load_call_settings(meta["settings"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ReplayError(f"{root}: cannot read the recorded call: {exc}") from exc
+    if meta.get("truncated_after_s") is not None:
+        log.warning("%s: the call was recorded for its first %.0f s only (recording.max_seconds); "
+                    "the replay ends there", root, float(meta["truncated_after_s"]))
     timeline = timeline or Timeline(sink=events_out)
     engine = vad or VadEngine(runtime="onnx")
     bus = EmbeddedBus(hub=EmbeddedHub())

@@ -5,6 +5,7 @@ times; the folder also replays as the dev recordings do (bot turns from its .bot
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -184,7 +185,7 @@ def test_a_start_frame_is_recorded_without_its_token_and_a_malformed_one_as_it_c
 
 
 async def test_a_long_call_is_recorded_up_to_max_seconds_and_replays_to_there(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A recorded call is held in memory until it ends: ``max_seconds`` bounds it. The folder
     keeps the call's first ``max_seconds`` of media, says where it was cut, and replays to the
     same decisions up to the cut."""
@@ -216,7 +217,9 @@ async def test_a_long_call_is_recorded_up_to_max_seconds_and_replays_to_there(
         assert sum(f["event"] == "media" for f in frames) == 200  # 4 s of 20 ms frames
         call = json.loads((folder / f"{folder.name}.call.json").read_text())
         assert call["truncated_after_s"] == 4.0
-        again = await replay_folder(folder, vad=engine)
+        with caplog.at_level(logging.WARNING, logger="callgate.recorder"):
+            again = await replay_folder(folder, vad=engine)
+        assert "recorded for its first 4 s only" in caplog.text
     live = [d for d in decisions(timeline.events) if d[1] < 3900]
     assert live and live[0][0] == "speech_started"  # the caller starts at 2.85 s
     assert decisions(again.events)[:len(live)] == live
