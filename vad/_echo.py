@@ -491,26 +491,36 @@ class EchoGateBank:
         0 <= gain <= that of ``explain_erl_db``; at the lag with the least squared error over
         all bands, what the window's own hops hold over the fit, summed over the bands."""
         k = max(self._kx, nh)
+        nb, nlag = len(_EXPLAIN_BANDS), self._nlag
+        # The reference hops any lag of the history reads, oldest first: span[:, j] is hop
+        # h0 + nh - k - (nlag - 1) + j, so hop t - L of history hop t is a sliding window of it
+        # (no copy of the (history, lag) grid: at 50 calls a batch that copy was most of the cost).
         offsets = self._xoffsets.get(nh)
         if offsets is None:
-            offsets = self._xoffsets[nh] = (np.arange(nh - k, nh)[:, None]
-                                            - self._lags[None, :])
-        nb = len(_EXPLAIN_BANDS)
-        idx = (((h0 & _MASK)[:, None, None] + offsets) & _MASK) + (rows * _RING)[:, None, None]
-        r = self._refb.reshape(-1, nb)[idx]  # (c, k, nlag, bands)
+            offsets = self._xoffsets[nh] = np.arange(nh - k - (nlag - 1), nh)
+        idx = (((h0 & _MASK)[:, None] + offsets) & _MASK) + (rows * _RING)[:, None]
+        span = self._refb.reshape(-1, nb)[idx]  # (c, k + nlag - 1, bands)
         d = self.settings.tail_decay
-        r[:, 1:] = np.maximum(r[:, 1:], d * r[:, :-1])
-        r[:, 2:] = np.maximum(r[:, 2:], d * d * r[:, :-2])
+        span[:, 1:] = np.maximum(span[:, 1:], d * span[:, :-1])
+        span[:, 2:] = np.maximum(span[:, 2:], d * d * span[:, :-2])
+        # r[c, t, L, b] = span[c, t + nlag - 1 - L, b]
+        r = np.lib.stride_tricks.sliding_window_view(span, nlag, axis=1)[:, :, :, ::-1]
+        r = np.moveaxis(r, 3, 2)  # (c, k, nlag, bands), a view
         yi = (((h0[:, None] + np.arange(nh - k, nh)[None, :]) & (_INB - 1))
               + (rows * _INB)[:, None])
         y = self._inbb.reshape(-1, nb)[yi]  # (c, k, bands)
         sry: Floats = np.einsum("ckb,cklb->clb", y, r)
-        srr: Floats = np.einsum("cklb,cklb->clb", r, r)
+        sq = np.concatenate([np.zeros((len(rows), 1, nb)), np.cumsum(span * span, axis=1)],
+                            axis=1)  # running sums of span^2
+        hi = k + nlag - 1 - self._lags  # one past the span index of lag L's newest hop
+        srr: Floats = sq[:, hi] - sq[:, hi - k]  # (c, nlag, bands)
         g: Floats = np.clip(sry / np.maximum(srr, 1e-30), 0.0, self._gmax)
         err = (g * (g * srr - 2.0 * sry)).sum(axis=2)  # squared error less sum(y^2)
         sel = np.arange(len(rows))
         yw = y[:, k - nh:].sum(axis=1)  # (c, bands)
-        rw = r[:, k - nh:].sum(axis=1)  # (c, nlag, bands)
+        # (c, nlag, bands): the window's hops, summed per lag
+        cs = np.concatenate([np.zeros((len(rows), 1, nb)), np.cumsum(span, axis=1)], axis=1)
+        rw = cs[:, hi] - cs[:, hi - nh]
 
         def left(lag: npt.NDArray[np.int64]) -> Floats:
             fit = g[sel, lag] * rw[sel, lag]

@@ -46,6 +46,7 @@ from ._features import WindowFeatures
 __all__ = [
     "BAND_CANDIDATE_DB",
     "CLEAN_CANDIDATE_DB",
+    "EXPLAIN_CANDIDATE_DB",
     "BargeInPolicy",
     "BargeInSettings",
     "BotState",
@@ -81,6 +82,12 @@ CLEAN_CANDIDATE_DB = 0.0
 :meth:`BargeInPolicy.is_caller` reads their DTMF-likeness (AEC3 leaves a key tone in)."""
 
 
+EXPLAIN_CANDIDATE_DB = 6.0
+"""... and for windows whose energy the bot's lagged envelope leaves at most this far
+unexplained (``GateReading.unexplained_db`` within this of the level): the unexplained-energy
+path reads their DTMF-likeness (a key tone is no more the bot's envelope than a caller is)."""
+
+
 def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
     """Does the decision read this window's features (voicing, DTMF)? Only where
     :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, voiced-band
@@ -94,7 +101,9 @@ def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
     if gate.level_db < min_level_dbfs:
         return False
     return (gate.echo_free and gate.band_snr_db >= BAND_CANDIDATE_DB
-            or gate.ref_db > _NO_ECHO_DB and gate.level_db - gate.echo_db >= CLEAN_CANDIDATE_DB)
+            or gate.ref_db > _NO_ECHO_DB and (
+                gate.level_db - gate.echo_db >= CLEAN_CANDIDATE_DB
+                or gate.level_db - gate.unexplained_db <= EXPLAIN_CANDIDATE_DB))
 
 
 class OverUninterruptible(enum.Enum):
@@ -189,21 +198,43 @@ class BargeInSettings:
     clean_veto_locked: bool = True
     """Apply that veto on a line whose echo delay the gate has locked too (path changes that
     the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
-    clean_on: float | None = 0.5
+    clean_on: float | None = 0.4
     """With an echo canceller in front: a window Silero scores at least this on the
     echo-cancelled audio is the caller even where the raw gate's margins fail it, if it stands
     ``clean_echo_db`` over the predicted echo and ``clean_noise_db`` over the noise floor (the
     gate's 8 dB echo margin holds a caller as loud as a strong echo for 300-600 ms, while AEC3
     has removed the echo and Silero hears them on the cleaned window). None: off."""
-    clean_echo_db: float = 4.0
+    clean_echo_db: float = 6.0
     """... the margin over the predicted echo that path needs (values under
     ``CLEAN_CANDIDATE_DB`` act as it: the engine computes no features under it)."""
-    clean_noise_db: float = 4.5
+    clean_noise_db: float = 3.0
     """... and over the noise floor (on a strong echo line the floor learns the echo)."""
     clean_after_ms: float = 1280.0
     """... and only once the bot's audio has been in the echo's lag range this long without a
     break: AEC3 lets the first few hundred ms of echo through when a bot turn starts after a
     silence, and Silero hears that on the cancelled window too."""
+    explain_share_db: float | None = 2.0
+    """The unexplained-energy path: while bot audio is in the echo's lag range, a window Silero
+    calls speech (``p_on``) whose energy no delayed, attenuated copy of the bot's audio
+    explains to within this (``GateReading.unexplained_db`` at most this under the window's
+    level) is the caller, whatever the raw gate's echo margin or the echo veto say: it needs
+    no locked delay and no converged canceller, so it hears a barge-in in the bot's first
+    turn. None: off."""
+    explain_noise_db: float = 9.0
+    """... if that unexplained energy stands this far over the noise floor."""
+    explain_voicing_min: float = 1.1
+    """... or, where Silero is under ``p_on``, if the window is voiced this clearly (Silero
+    stays at 0.1-0.3 for the first 100-300 ms of a caller talking over the bot's first words,
+    while their vowels are voiced 0.6-0.9). Over 1: Silero alone (hold music is voiced too:
+    with 0.6 closed-loop train replays stop the bot for it in its first turn)."""
+    explain_until_ms: float | None = None
+    """... and only until the bot's audio has been in the echo's lag range this long on the
+    call in all (the first turn, before AEC3 converges and the gate locks the delay; later the
+    raw gate and the echo veto know the line better). None: for the whole call."""
+    explain_veto_db: float | None = None
+    """A window the other paths call the caller is the bot's echo after all where all but this
+    much of its energy is explained by the bot's lagged envelope (``unexplained_db`` more than
+    this under the level) and the line is not known to be echo-free. None: no such veto."""
 
 
 class BotState(enum.Enum):
@@ -360,6 +391,7 @@ class BargeInPolicy:
         self._resumed_window: int | None = None  # window of the last resume
         self._resumed_speech_ms = 0.0  # the speech that pause had counted
         self._echo_windows = 0  # windows in a row with bot audio in the echo's lag range
+        self._echo_total = 0  # windows with bot audio in the echo's lag range, on the call
 
     @property
     def gate_may_adapt(self) -> bool:
@@ -381,8 +413,14 @@ class BargeInPolicy:
     def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
                   clean_prob: float | None = None) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
+        if self._unexplained_caller(prob, gate, feat):
+            return True
         if not self._is_caller(prob, gate, feat):
             return self._clean_caller(prob, gate, feat, clean_prob)
+        veto = self.settings.explain_veto_db
+        if (veto is not None and gate.ref_db > _NO_ECHO_DB and not gate.echo_free
+                and gate.unexplained_db < gate.level_db - veto):
+            return False  # the bot's own envelope, delayed and attenuated, explains the window
         margin = self.settings.caller_margin_db
         if margin is not None and self.caller_db is not None and (
                 gate.level_db < self.caller_db - margin):
@@ -395,6 +433,26 @@ class BargeInPolicy:
             # just changed is not where the lock looks, and AEC3 takes ~1.4 s to follow it.
             return False
         return not self.echo_veto(clean_prob, gate)
+
+    def _unexplained_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+        """The unexplained-energy path: Silero hears speech, and most of the window's energy is
+        not the bot's echo by its envelope (``explain_share_db``) and is over the noise floor."""
+        s = self.settings
+        if s.explain_share_db is None or gate.ref_db <= _NO_ECHO_DB:
+            return False
+        if s.explain_until_ms is not None and self._echo_total * WINDOW_MS > s.explain_until_ms:
+            return False
+        if prob < s.p_on and feat.voicing < s.explain_voicing_min:
+            return False
+        if feat.dtmf >= s.dtmf_max or gate.level_db < s.band_min_level_dbfs:
+            return False
+        if gate.level_db - gate.unexplained_db > min(s.explain_share_db, EXPLAIN_CANDIDATE_DB):
+            return False
+        if gate.unexplained_db - gate.noise_db < s.explain_noise_db:
+            return False
+        margin = s.caller_margin_db
+        return not (margin is not None and self.caller_db is not None
+                    and gate.level_db < self.caller_db - margin)
 
     def _clean_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
                       clean_prob: float | None) -> bool:
@@ -487,6 +545,7 @@ class BargeInPolicy:
         view = bot if isinstance(bot, BotView) else BotView.of(bot)
         echoing = gate.ref_db > _NO_ECHO_DB
         self._echo_windows = self._echo_windows + 1 if echoing else 0
+        self._echo_total += echoing
         caller = self.is_caller(prob, gate, feat, clean_prob)
         self._caller_window = caller
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
