@@ -198,22 +198,22 @@ class BargeInSettings:
     clean_veto_locked: bool = True
     """Apply that veto on a line whose echo delay the gate has locked too (path changes that
     the gate has not noticed yet; costs onset latency where the caller talks over echo)."""
-    clean_on: float | None = 0.4
+    clean_on: float | None = 0.5
     """With an echo canceller in front: a window Silero scores at least this on the
     echo-cancelled audio is the caller even where the raw gate's margins fail it, if it stands
     ``clean_echo_db`` over the predicted echo and ``clean_noise_db`` over the noise floor (the
     gate's 8 dB echo margin holds a caller as loud as a strong echo for 300-600 ms, while AEC3
     has removed the echo and Silero hears them on the cleaned window). None: off."""
-    clean_echo_db: float = 6.0
+    clean_echo_db: float = 4.0
     """... the margin over the predicted echo that path needs (values under
     ``CLEAN_CANDIDATE_DB`` act as it: the engine computes no features under it)."""
-    clean_noise_db: float = 3.0
+    clean_noise_db: float = 4.5
     """... and over the noise floor (on a strong echo line the floor learns the echo)."""
     clean_after_ms: float = 1280.0
     """... and only once the bot's audio has been in the echo's lag range this long without a
     break: AEC3 lets the first few hundred ms of echo through when a bot turn starts after a
     silence, and Silero hears that on the cancelled window too."""
-    explain_share_db: float | None = 2.0
+    explain_share_db: float | None = None
     """The unexplained-energy path: while bot audio is in the echo's lag range, a window Silero
     calls speech (``p_on``) whose energy no delayed, attenuated copy of the bot's audio
     explains to within this (``GateReading.unexplained_db`` at most this under the window's
