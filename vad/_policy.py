@@ -14,7 +14,7 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    A fourth hears what the raw gate holds with an echo canceller in front: while the bot talks,
    a window Silero calls speech on the *echo-cancelled* audio (``clean_on``) needs only small
    margins over the predicted echo and the noise floor (``clean_echo_db``, ``clean_noise_db``).
-   A fifth (off by default) needs neither a locked delay nor a converged canceller: while the bot
+   A fifth needs neither a locked delay nor a converged canceller: while the bot
    talks, a window Silero calls speech whose energy the bot's own delayed envelope leaves all but
    unexplained (``explain_share_db``, ``GateReading.unexplained_db``).
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
@@ -216,15 +216,14 @@ class BargeInSettings:
     """... and only once the bot's audio has been in the echo's lag range this long without a
     break: AEC3 lets the first few hundred ms of echo through when a bot turn starts after a
     silence, and Silero hears that on the cancelled window too."""
-    explain_share_db: float | None = None
+    explain_share_db: float | None = 2.0
     """The unexplained-energy path: while bot audio is in the echo's lag range, a window Silero
     calls speech (``p_on``) whose energy no delayed, attenuated copy of the bot's audio
     explains to within this (``GateReading.unexplained_db`` at most this under the window's
     level) is the caller, whatever the raw gate's echo margin or the echo veto say: it needs
     no locked delay and no converged canceller, so it hears a barge-in in the bot's first
-    turn. None: off, the default: fitted at 2 dB on train, it takes the check split's p95 from
-    534 to 442 ms but lets a TV or babble (no more the bot's envelope than the caller) stop the
-    bot in its first turn, false interrupts 6 -> 9 (docs/bargein.md)."""
+    turn (fitted on train; check split p95 534 -> 442 ms, with ``explain_background_db``).
+    None: off."""
     explain_noise_db: float = 9.0
     """... if that unexplained energy stands this far over the noise floor."""
     explain_voicing_min: float = 1.1
@@ -232,6 +231,12 @@ class BargeInSettings:
     stays at 0.1-0.3 for the first 100-300 ms of a caller talking over the bot's first words,
     while their vowels are voiced 0.6-0.9). Over 1: Silero alone (hold music is voiced too:
     with 0.6 closed-loop train replays stop the bot for it in its first turn)."""
+    explain_background_db: float | None = 6.0
+    """... and this far over the line's background as it was just before the bot's audio came
+    into the echo's lag range (the upper quartile of the levels of the last second of windows
+    without it): a TV, babble or hold music is on the line before the bot talks, a barge-in in
+    its first words is not (without it the path let babble and hold music stop the bot in its
+    first turn: check false interrupts 6 -> 9, with it 6). None: no such floor."""
     explain_until_ms: float | None = None
     """... and only until the bot's audio has been in the echo's lag range this long on the
     call in all (the first turn, before AEC3 converges and the gate locks the delay; later the
@@ -397,6 +402,8 @@ class BargeInPolicy:
         self._resumed_speech_ms = 0.0  # the speech that pause had counted
         self._echo_windows = 0  # windows in a row with bot audio in the echo's lag range
         self._echo_total = 0  # windows with bot audio in the echo's lag range, on the call
+        self._silent_levels: list[float] = []  # window levels while no bot audio is in range
+        self._background_db: float | None = None  # their upper quartile, when the bot came in
 
     @property
     def gate_may_adapt(self) -> bool:
@@ -446,6 +453,9 @@ class BargeInPolicy:
         if s.explain_share_db is None or gate.ref_db <= _NO_ECHO_DB:
             return False
         if s.explain_until_ms is not None and self._echo_total * WINDOW_MS > s.explain_until_ms:
+            return False
+        if (s.explain_background_db is not None and self._background_db is not None
+                and gate.unexplained_db < self._background_db + s.explain_background_db):
             return False
         if prob < s.p_on and feat.voicing < s.explain_voicing_min:
             return False
@@ -551,6 +561,11 @@ class BargeInPolicy:
         echoing = gate.ref_db > _NO_ECHO_DB
         self._echo_windows = self._echo_windows + 1 if echoing else 0
         self._echo_total += echoing
+        if not echoing:
+            self._silent_levels = (self._silent_levels + [gate.level_db])[-31:]
+        elif self._echo_windows == 1 and self._silent_levels:
+            levels = sorted(self._silent_levels)
+            self._background_db = levels[(3 * len(levels)) // 4]
         caller = self.is_caller(prob, gate, feat, clean_prob)
         self._caller_window = caller
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max

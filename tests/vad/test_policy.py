@@ -373,7 +373,7 @@ FIRST_TURN_CALLER = GateReading(level_db=-22.0, echo_db=-26.0, noise_db=-40.0,
                                 echo_locked=False, passes=False, ref_db=-14.0, erl_db=12.0,
                                 echo_corr=1.0, unexplained_db=-22.5)
 EXPLAIN = BargeInSettings(explain_share_db=2.0, explain_noise_db=9.0, explain_voicing_min=0.6,
-                          explain_until_ms=960.0)
+                          explain_until_ms=960.0, explain_background_db=None)
 
 
 def test_unexplained_path_hears_a_caller_in_the_bots_first_words() -> None:
@@ -425,3 +425,30 @@ def test_the_engine_computes_features_for_unexplained_path_candidates() -> None:
     assert wants_features(FIRST_TURN_CALLER, -55.0)
     assert not wants_features(replace(FIRST_TURN_CALLER, echo_db=-20.0, unexplained_db=-40.0),
                               -55.0)
+
+
+def _before_the_bot(policy: BargeInPolicy, level_db: float) -> None:
+    """A second of the line with the bot silent (``level_db``: its background), then the bot's
+    first window of audio in the echo's lag range."""
+    silent = replace(QUIET_LINE, level_db=level_db, noise_db=level_db - 3.0)
+    for _ in range(31):
+        assert policy.step(0.1, silent, VOICED, BotState.SILENT) == []
+    echo = replace(FIRST_TURN_CALLER, level_db=-45.0, unexplained_db=-70.0)
+    assert policy.step(0.1, echo, VOICED, BotState.INTERRUPTIBLE, clean_prob=0.02) == []
+
+
+def test_unexplained_path_stands_aside_for_a_background_there_before_the_bot() -> None:
+    """``explain_background_db``: a TV at -30 dBFS was on the line before the bot talked; its
+    voice is no more the bot's envelope than a caller is, so only what stands 6 dB over it is."""
+    settings = replace(EXPLAIN, explain_background_db=6.0)
+    tv = replace(FIRST_TURN_CALLER, level_db=-28.0, unexplained_db=-28.5, noise_db=-45.0)
+    policy = BargeInPolicy(settings)
+    _before_the_bot(policy, -30.0)
+    assert not policy.is_caller(0.98, tv, VOICED, clean_prob=0.05)
+    assert policy.is_caller(0.98, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)  # 7.5 dB over
+    quiet = BargeInPolicy(settings)
+    _before_the_bot(quiet, -62.0)  # a quiet line: the same window is a barge-in
+    assert quiet.is_caller(0.98, tv, VOICED, clean_prob=0.05)
+    unfloored = BargeInPolicy(EXPLAIN)
+    _before_the_bot(unfloored, -30.0)
+    assert unfloored.is_caller(0.98, tv, VOICED, clean_prob=0.05)
