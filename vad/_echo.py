@@ -59,6 +59,11 @@ _FLOOR_DB = -100.0
 _UP, _DOWN = 0.25, 0.06  # dB per hop for the echo-gain median trackers
 _MAX_HOPS = 64  # hops one window may carry
 _RING = 512  # reference hops kept per row (4 s): the lag range behind, what was sent ahead
+_INB = 128  # inbound hops kept per row (the envelope fit's history; a power of two)
+# The envelope fit's bands (Hz): a filtered echo path scales each band by its own gain, so a
+# broadband envelope is no copy of the bot's (measured: at the true lag of a 6 dB ERL line the
+# inbound-to-bot energy ratio swings 12 dB in 100 ms as the bot's spectrum moves).
+_EXPLAIN_BANDS = ((250.0, 700.0), (700.0, 1300.0), (1300.0, 2200.0), (2200.0, 3500.0))
 _MASK = _RING - 1  # a power of two: ``h & _MASK`` is ``h % _RING``, negative hops included
 _INITIAL_ROWS = 16
 
@@ -108,6 +113,12 @@ class EchoGateSettings:
     """The band of ``band_snr_db``."""
     band_step_db: float = 0.6
     """How far the band's per-bin noise floor moves per window (a running median in dB)."""
+    explain_ms: int = 192
+    """History over which ``unexplained_db`` fits the bot's lagged envelope to the inbound one
+    (the window itself included): long enough for a syllable or two of the bot's speech to pin
+    a lag, short enough that a caller's first words are most of it."""
+    explain_erl_db: float = 6.0
+    """The strongest echo that fit may assume (the issue's worst plausible path: loss 6 dB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,14 @@ class GateReading:
     echo_corr: float = 1.0
     """The best lag correlation of inbound and bot audio envelopes so far; 1 (assume echo)
     until ``min_lock_hops`` of bot audio have been heard."""
+    unexplained_db: float = -100.0
+    """The part of the window's inbound energy that no delayed copy of the bot's audio explains
+    (dBFS): per 8 ms hop, the inbound energy over ``explain_ms`` is fitted, at every lag in
+    range, by the bot's energy there times a gain (least squares, loss at least
+    ``explain_erl_db``); at the best lag, what is left over in this window's hops. The echo is
+    a delayed, attenuated copy of what the bot played, so it is explained from the first
+    window, before any delay lock or canceller convergence; a caller's envelope is not. Equals
+    ``level_db`` where no bot audio is in the lag range."""
 
     @property
     def over_echo_db(self) -> float:
@@ -172,12 +191,24 @@ class EchoGateBank:
     _noise_db: Floats
     _floor: Floats
     _floor_set: npt.NDArray[np.bool_]
+    _refb: Floats
+    _inbb: Floats
 
     def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = TELEPHONY_RATE) -> None:
         self.settings = s = settings or EchoGateSettings()
         self._hop_s = HOP / sample_rate
         self._nlag = max(1, int(round(s.max_lag_ms / 1000 / self._hop_s)) + 1)
-        if self._nlag + 2 * _MAX_HOPS >= _RING:
+        self._kx = max(1, int(round(s.explain_ms / 1000 / self._hop_s)))  # fit history, hops
+        if self._kx + _MAX_HOPS > _INB:
+            raise ValueError(f"explain_ms {s.explain_ms} is too long for the inbound ring")
+        self._gmax = 10 ** (-s.explain_erl_db / 10)
+        self._xoffsets: dict[int, npt.NDArray[np.int64]] = {}
+        hop_freqs = np.fft.rfftfreq(HOP, 1 / sample_rate)
+        # (bins, bands): band energies of a hop's spectrum, in mean-square units (one-sided
+        # interior bins count twice: Parseval over the 64-sample hop).
+        self._bandsum = np.stack([((hop_freqs >= lo) & (hop_freqs < hi)).astype(np.float64)
+                                  for lo, hi in _EXPLAIN_BANDS], axis=1) * (2.0 / HOP**2)
+        if self._nlag + self._kx + 2 * _MAX_HOPS >= _RING:
             raise ValueError(f"max_lag_ms {s.max_lag_ms} is too long for the reference ring")
         self._lam = float(np.exp(-self._hop_s / s.forget_s))
         self._active_e = 10 ** (s.ref_active_dbfs / 10)
@@ -217,6 +248,8 @@ class EchoGateBank:
             ("_noise_db", (), -70.0, f64),
             ("_floor", (len(self._band),), 0.0, f64),  # the band's floor per bin, dB
             ("_floor_set", (), False, np.bool_),
+            ("_refb", (_RING, len(_EXPLAIN_BANDS)), 0.0, f64),  # reference energy per hop, band
+            ("_inbb", (_INB, len(_EXPLAIN_BANDS)), 0.0, f64),  # inbound energy per hop, band
         ]
 
     def _alloc(self, rows: int) -> None:
@@ -279,12 +312,16 @@ class EchoGateBank:
         x = np.asarray(samples, dtype=np.float64)
         np.multiply(x, x, out=sq[off : off + n])
         parts = sq.reshape(nparts, HOP).sum(axis=1) / HOP
+        laid = np.zeros(nparts * HOP)
+        laid[off : off + n] = x
+        bands = self._hop_bands(laid.reshape(nparts, HOP))  # (nparts, bands)
         hop = int(self._hop[row])
         lo = max(first, hop - self._nlag + 1)  # older hops can no longer be read
-        hi = min(first + nparts, hop + _RING - self._nlag - _MAX_HOPS)
+        hi = min(first + nparts, hop + _RING - self._nlag - self._kx - _MAX_HOPS)
         if hi <= lo:
             return
         parts = parts[lo - first : hi - first]
+        self._refb[row, np.arange(lo, hi) & _MASK] += bands[lo - first : hi - first]
         ref, ref_db = self._ref[row], self._ref_db[row]
         a, b = lo & _MASK, hi & _MASK
         if a < b:
@@ -305,11 +342,12 @@ class EchoGateBank:
         """The bot's audio from ``sample`` on was cancelled (a Twilio ``clear``)."""
         hop = int(self._hop[row])
         h0 = max(-(-sample // HOP), hop)
-        hi = hop + _RING - self._nlag - _MAX_HOPS
+        hi = hop + _RING - self._nlag - self._kx - _MAX_HOPS
         if h0 < hi:
             pos = np.arange(h0, hi) & _MASK
             self._ref[row, pos] = 0.0
             self._ref_db[row, pos] = _FLOOR_DB
+            self._refb[row, pos] = 0.0
 
     # -- the inbound track ------------------------------------------------------------------
     def process(self, rows: npt.NDArray[np.intp], windows: np.ndarray,
@@ -389,10 +427,22 @@ class EchoGateBank:
         if adapt.any():
             self._adapt(rows, np.flatnonzero(adapt), x_db, pred_aligned, pred_max, locked)
         self._hop[rows] = h0 + nh
-        # Hops now behind the lag range: zero them for the ring's next lap.
-        gone = idx[:, :, nlag - 1]
+        # The envelope fit (``unexplained_db``) reads this window's inbound hops with the ones
+        # before it, and the reference up to ``_kx`` hops further back than the lag range.
+        inb_pos = (((h0[:, None] + np.arange(nh)[None, :]) & (_INB - 1))
+                   + (rows * _INB)[:, None])
+        self._inbb.reshape(-1, len(_EXPLAIN_BANDS))[inb_pos] = self._hop_bands(
+            x[:, : nh * HOP].reshape(b * nh, HOP)).reshape(b, nh, -1)
+        unexplained = e_in.mean(axis=1)  # no bot audio in range: nothing of it is explained
+        if corr.any():
+            c = np.flatnonzero(corr)
+            unexplained[c] = self._unexplained(rows[c], h0[c], nh)
+        # Hops now behind the lag range and the fit's history: zero them for the ring's next lap.
+        gone = (((h0[:, None] + np.arange(nh)[None, :] - (nlag - 1) - self._kx) & _MASK)
+                + (rows * _RING)[:, None])
         self._ref.reshape(-1)[gone] = 0.0
         self._ref_db.reshape(-1)[gone] = _FLOOR_DB
+        self._refb.reshape(-1, len(_EXPLAIN_BANDS))[gone] = 0.0
 
         band_snr = self._band_snr(rows, x, adapt, spectrum)
         # A line that held an echo delay for echo_line_s carries echo for good: the lock can
@@ -417,11 +467,75 @@ class EchoGateBank:
         echo_corr = np.where(corr_known, self._lag_corr[rows], 1.0)
         pmax = pred_max.mean(axis=1)
         ref_db = np.where(pmax > 0, _db(pmax), _FLOOR_DB)
+        unexplained_db = np.where(unexplained > 0, _db(unexplained), _FLOOR_DB)
         return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
                                              locked.tolist(), passes.tolist(),
                                              echo_free.tolist(), band_snr.tolist(),
                                              ref_db.tolist(), erl.tolist(),
-                                             echo_corr.tolist(), strict=True)]
+                                             echo_corr.tolist(), unexplained_db.tolist(),
+                                             strict=True)]
+
+    def _hop_bands(self, hops: Floats) -> Floats:
+        """Energy per hop (rows of 64 samples) in each of the envelope fit's bands."""
+        spec = np.fft.rfft(hops, axis=1)
+        power: Floats = spec.real**2 + spec.imag**2
+        bands: Floats = power @ self._bandsum
+        return bands
+
+    def _unexplained(self, rows: np.ndarray, h0: npt.NDArray[np.int64], nh: int) -> Floats:
+        """Mean energy per hop of this window's inbound that the bot's audio does not explain.
+
+        Over the last ``_kx`` hops (at least the window), at each lag L in range, each band's
+        inbound energies are fitted by a gain times the bot's energies in that band L hops
+        earlier (with the gate's reverberant tail: a hop's echo lingers into the next two),
+        0 <= gain <= that of ``explain_erl_db``; at the lag with the least squared error over
+        all bands, what the window's own hops hold over the fit, summed over the bands."""
+        k = max(self._kx, nh)
+        nb, nlag = len(_EXPLAIN_BANDS), self._nlag
+        # The reference hops any lag of the history reads, oldest first: span[:, j] is hop
+        # h0 + nh - k - (nlag - 1) + j, so hop t - L of history hop t is a sliding window of it
+        # (no copy of the (history, lag) grid: at 50 calls a batch that copy was most of the cost).
+        offsets = self._xoffsets.get(nh)
+        if offsets is None:
+            offsets = self._xoffsets[nh] = np.arange(nh - k - (nlag - 1), nh)
+        idx = (((h0 & _MASK)[:, None] + offsets) & _MASK) + (rows * _RING)[:, None]
+        span = self._refb.reshape(-1, nb)[idx]  # (c, k + nlag - 1, bands)
+        d = self.settings.tail_decay
+        span[:, 1:] = np.maximum(span[:, 1:], d * span[:, :-1])
+        span[:, 2:] = np.maximum(span[:, 2:], d * d * span[:, :-2])
+        # r[c, t, L, b] = span[c, t + nlag - 1 - L, b]
+        r = np.lib.stride_tricks.sliding_window_view(span, nlag, axis=1)[:, :, :, ::-1]
+        r = np.moveaxis(r, 3, 2)  # (c, k, nlag, bands), a view
+        yi = (((h0[:, None] + np.arange(nh - k, nh)[None, :]) & (_INB - 1))
+              + (rows * _INB)[:, None])
+        y = self._inbb.reshape(-1, nb)[yi]  # (c, k, bands)
+        sry: Floats = np.einsum("ckb,cklb->clb", y, r)
+        sq = np.concatenate([np.zeros((len(rows), 1, nb)), np.cumsum(span * span, axis=1)],
+                            axis=1)  # running sums of span^2
+        hi = k + nlag - 1 - self._lags  # one past the span index of lag L's newest hop
+        srr: Floats = sq[:, hi] - sq[:, hi - k]  # (c, nlag, bands)
+        g: Floats = np.clip(sry / np.maximum(srr, 1e-30), 0.0, self._gmax)
+        err = (g * (g * srr - 2.0 * sry)).sum(axis=2)  # squared error less sum(y^2)
+        sel = np.arange(len(rows))
+        yw = y[:, k - nh:].sum(axis=1)  # (c, bands)
+        # (c, nlag, bands): the window's hops, summed per lag
+        cs = np.concatenate([np.zeros((len(rows), 1, nb)), np.cumsum(span, axis=1)], axis=1)
+        rw = cs[:, hi] - cs[:, hi - nh]
+
+        def left(lag: npt.NDArray[np.int64]) -> Floats:
+            fit = g[sel, lag] * rw[sel, lag]
+            rest: Floats = np.maximum(yw - fit, 0.0).sum(axis=1) / nh
+            return rest
+
+        out = left(np.argmin(err, axis=1))
+        # Where the gate has locked the echo delay, that lag (+-1 hop) is the echo's: with four
+        # free gains per lag the fit can prefer a lag that suits the history but not the window
+        # (measured: locked echo-only windows read as fully unexplained without this).
+        lag = self._lag[rows]
+        for dl in (-1, 0, 1):
+            at = np.clip(lag + dl, 0, self._nlag - 1)
+            out = np.where(lag >= 0, np.minimum(out, left(at)), out)
+        return out
 
     def _band_snr(self, rows: np.ndarray, x: Floats, adapt: npt.NDArray[np.bool_],
                   spectrum: Floats | None) -> Floats:

@@ -14,6 +14,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    A fourth hears what the raw gate holds with an echo canceller in front: while the bot talks,
    a window Silero calls speech on the *echo-cancelled* audio (``clean_on``) needs only small
    margins over the predicted echo and the noise floor (``clean_echo_db``, ``clean_noise_db``).
+   A fifth needs neither a locked delay nor a converged canceller: while the bot
+   talks, a window Silero calls speech whose energy the bot's own delayed envelope leaves all but
+   unexplained (``explain_share_db``, ``GateReading.unexplained_db``).
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -46,6 +49,7 @@ from ._features import WindowFeatures
 __all__ = [
     "BAND_CANDIDATE_DB",
     "CLEAN_CANDIDATE_DB",
+    "EXPLAIN_CANDIDATE_DB",
     "BargeInPolicy",
     "BargeInSettings",
     "BotState",
@@ -81,6 +85,12 @@ CLEAN_CANDIDATE_DB = 0.0
 :meth:`BargeInPolicy.is_caller` reads their DTMF-likeness (AEC3 leaves a key tone in)."""
 
 
+EXPLAIN_CANDIDATE_DB = 6.0
+"""... and for windows whose energy the bot's lagged envelope leaves at most this far
+unexplained (``GateReading.unexplained_db`` within this of the level): the unexplained-energy
+path reads their DTMF-likeness (a key tone is no more the bot's envelope than a caller is)."""
+
+
 def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
     """Does the decision read this window's features (voicing, DTMF)? Only where
     :meth:`BargeInPolicy.is_caller` can use them: windows the gate passes, voiced-band
@@ -94,7 +104,9 @@ def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
     if gate.level_db < min_level_dbfs:
         return False
     return (gate.echo_free and gate.band_snr_db >= BAND_CANDIDATE_DB
-            or gate.ref_db > _NO_ECHO_DB and gate.level_db - gate.echo_db >= CLEAN_CANDIDATE_DB)
+            or gate.ref_db > _NO_ECHO_DB and (
+                gate.level_db - gate.echo_db >= CLEAN_CANDIDATE_DB
+                or gate.level_db - gate.unexplained_db <= EXPLAIN_CANDIDATE_DB))
 
 
 class OverUninterruptible(enum.Enum):
@@ -204,6 +216,35 @@ class BargeInSettings:
     """... and only once the bot's audio has been in the echo's lag range this long without a
     break: AEC3 lets the first few hundred ms of echo through when a bot turn starts after a
     silence, and Silero hears that on the cancelled window too."""
+    explain_share_db: float | None = 2.0
+    """The unexplained-energy path: while bot audio is in the echo's lag range, a window Silero
+    calls speech (``p_on``) whose energy no delayed, attenuated copy of the bot's audio
+    explains to within this (``GateReading.unexplained_db`` at most this under the window's
+    level) is the caller, whatever the raw gate's echo margin or the echo veto say: it needs
+    no locked delay and no converged canceller, so it hears a barge-in in the bot's first
+    turn (fitted on train; check split p95 534 -> 442 ms, with ``explain_background_db``).
+    None: off."""
+    explain_noise_db: float = 9.0
+    """... if that unexplained energy stands this far over the noise floor."""
+    explain_voicing_min: float = 1.1
+    """... or, where Silero is under ``p_on``, if the window is voiced this clearly (Silero
+    stays at 0.1-0.3 for the first 100-300 ms of a caller talking over the bot's first words,
+    while their vowels are voiced 0.6-0.9). Over 1: Silero alone (hold music is voiced too:
+    with 0.6 closed-loop train replays stop the bot for it in its first turn)."""
+    explain_background_db: float | None = 6.0
+    """... and this far over the line's background as it was just before the bot's audio came
+    into the echo's lag range (the upper quartile of the levels of the last second of windows
+    without it): a TV, babble or hold music is on the line before the bot talks, a barge-in in
+    its first words is not (without it the path let babble and hold music stop the bot in its
+    first turn: check false interrupts 6 -> 9, with it 6). None: no such floor."""
+    explain_until_ms: float | None = None
+    """... and only until the bot's audio has been in the echo's lag range this long on the
+    call in all (the first turn, before AEC3 converges and the gate locks the delay; later the
+    raw gate and the echo veto know the line better). None: for the whole call."""
+    explain_veto_db: float | None = None
+    """A window the other paths call the caller is the bot's echo after all where all but this
+    much of its energy is explained by the bot's lagged envelope (``unexplained_db`` more than
+    this under the level) and the line is not known to be echo-free. None: no such veto."""
 
 
 class BotState(enum.Enum):
@@ -360,6 +401,9 @@ class BargeInPolicy:
         self._resumed_window: int | None = None  # window of the last resume
         self._resumed_speech_ms = 0.0  # the speech that pause had counted
         self._echo_windows = 0  # windows in a row with bot audio in the echo's lag range
+        self._echo_total = 0  # windows with bot audio in the echo's lag range, on the call
+        self._silent_levels: list[float] = []  # window levels while no bot audio is in range
+        self._background_db: float | None = None  # their upper quartile, when the bot came in
 
     @property
     def gate_may_adapt(self) -> bool:
@@ -381,8 +425,14 @@ class BargeInPolicy:
     def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
                   clean_prob: float | None = None) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
+        if self._unexplained_caller(prob, gate, feat):
+            return True
         if not self._is_caller(prob, gate, feat):
             return self._clean_caller(prob, gate, feat, clean_prob)
+        veto = self.settings.explain_veto_db
+        if (veto is not None and gate.ref_db > _NO_ECHO_DB and not gate.echo_free
+                and gate.unexplained_db < gate.level_db - veto):
+            return False  # the bot's own envelope, delayed and attenuated, explains the window
         margin = self.settings.caller_margin_db
         if margin is not None and self.caller_db is not None and (
                 gate.level_db < self.caller_db - margin):
@@ -395,6 +445,29 @@ class BargeInPolicy:
             # just changed is not where the lock looks, and AEC3 takes ~1.4 s to follow it.
             return False
         return not self.echo_veto(clean_prob, gate)
+
+    def _unexplained_caller(self, prob: float, gate: GateReading, feat: WindowFeatures) -> bool:
+        """The unexplained-energy path: Silero hears speech, and most of the window's energy is
+        not the bot's echo by its envelope (``explain_share_db``) and is over the noise floor."""
+        s = self.settings
+        if s.explain_share_db is None or gate.ref_db <= _NO_ECHO_DB:
+            return False
+        if s.explain_until_ms is not None and self._echo_total * WINDOW_MS > s.explain_until_ms:
+            return False
+        if (s.explain_background_db is not None and self._background_db is not None
+                and gate.unexplained_db < self._background_db + s.explain_background_db):
+            return False
+        if prob < s.p_on and feat.voicing < s.explain_voicing_min:
+            return False
+        if feat.dtmf >= s.dtmf_max or gate.level_db < s.band_min_level_dbfs:
+            return False
+        if gate.level_db - gate.unexplained_db > min(s.explain_share_db, EXPLAIN_CANDIDATE_DB):
+            return False
+        if gate.unexplained_db - gate.noise_db < s.explain_noise_db:
+            return False
+        margin = s.caller_margin_db
+        return not (margin is not None and self.caller_db is not None
+                    and gate.level_db < self.caller_db - margin)
 
     def _clean_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
                       clean_prob: float | None) -> bool:
@@ -487,6 +560,12 @@ class BargeInPolicy:
         view = bot if isinstance(bot, BotView) else BotView.of(bot)
         echoing = gate.ref_db > _NO_ECHO_DB
         self._echo_windows = self._echo_windows + 1 if echoing else 0
+        self._echo_total += echoing
+        if not echoing:
+            self._silent_levels = (self._silent_levels + [gate.level_db])[-31:]
+        elif self._echo_windows == 1 and self._silent_levels:
+            levels = sorted(self._silent_levels)
+            self._background_db = levels[(3 * len(levels)) // 4]
         caller = self.is_caller(prob, gate, feat, clean_prob)
         self._caller_window = caller
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max

@@ -364,3 +364,91 @@ def test_the_engine_computes_features_for_clean_path_candidates() -> None:
     assert wants_features(OVER_ECHO, -55.0)  # the clean path reads its DTMF-likeness
     assert not wants_features(replace(OVER_ECHO, level_db=-31.0), -55.0)  # under the echo
     assert not wants_features(replace(OVER_ECHO, ref_db=-100.0), -55.0)  # no bot audio
+
+
+# A caller in the bot's first 200 ms: 4 dB over the raw gate's pre-lock prediction (its 8 dB
+# margin fails it), AEC3 not converged (the cancelled window scores 0.05: the echo veto would
+# hold it), Silero slow on the raw window; but the bot's lagged envelope explains none of it.
+FIRST_TURN_CALLER = GateReading(level_db=-22.0, echo_db=-26.0, noise_db=-40.0,
+                                echo_locked=False, passes=False, ref_db=-14.0, erl_db=12.0,
+                                echo_corr=1.0, unexplained_db=-22.5)
+EXPLAIN = BargeInSettings(explain_share_db=2.0, explain_noise_db=9.0, explain_voicing_min=0.6,
+                          explain_until_ms=960.0, explain_background_db=None)
+
+
+def test_unexplained_path_hears_a_caller_in_the_bots_first_words() -> None:
+    off = BargeInPolicy(BargeInSettings(explain_share_db=None))
+    assert not off.is_caller(0.98, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)
+    policy = BargeInPolicy(EXPLAIN)
+    assert policy.is_caller(0.98, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)
+    assert policy.is_caller(0.2, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)  # voiced 0.75
+    assert policy.step(0.3, FIRST_TURN_CALLER, VOICED, BotState.INTERRUPTIBLE,
+                       clean_prob=0.05) == []
+    assert kinds(policy.step(0.98, FIRST_TURN_CALLER, VOICED, BotState.INTERRUPTIBLE,
+                             clean_prob=0.05)) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+@pytest.mark.parametrize(("prob", "gate", "feat"), [
+    (0.98, replace(FIRST_TURN_CALLER, unexplained_db=-30.0), VOICED),  # 8 dB of it is echo
+    (0.98, replace(FIRST_TURN_CALLER, noise_db=-28.0), VOICED),  # 5.5 dB over the noise
+    (0.98, replace(FIRST_TURN_CALLER, ref_db=-100.0, echo_db=-100.0), VOICED),  # bot silent
+    (0.98, FIRST_TURN_CALLER, WindowFeatures(voicing=0.75, dtmf=0.8)),  # a key tone
+    (0.3, FIRST_TURN_CALLER, WindowFeatures(voicing=0.4, dtmf=0.0)),  # a cough: not speech
+    (0.98, replace(FIRST_TURN_CALLER, level_db=-58.0, unexplained_db=-58.0, noise_db=-70.0),
+     VOICED),  # under the gate's absolute floor
+])
+def test_unexplained_path_guards(prob: float, gate: GateReading, feat: WindowFeatures) -> None:
+    assert not BargeInPolicy(EXPLAIN).is_caller(prob, gate, feat, clean_prob=0.05)
+
+
+def test_unexplained_path_is_for_the_first_turn_only() -> None:
+    """``explain_until_ms``: once the bot has been audible that long on the call, AEC3 and the
+    gate's locked delay know the line; the path stands aside."""
+    policy = BargeInPolicy(EXPLAIN)
+    echo = replace(FIRST_TURN_CALLER, level_db=-45.0, unexplained_db=-70.0)
+    for _ in range(30):  # 960 ms of the bot's echo alone
+        assert policy.step(0.9, echo, VOICED, BotState.INTERRUPTIBLE, clean_prob=0.02) == []
+    assert policy.is_caller(0.98, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)
+    policy.step(0.9, echo, VOICED, BotState.INTERRUPTIBLE, clean_prob=0.02)
+    assert not policy.is_caller(0.98, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)
+
+
+def test_explained_veto_holds_a_window_the_bots_envelope_explains() -> None:
+    loud = replace(FIRST_TURN_CALLER, passes=True, echo_db=-32.0, unexplained_db=-50.0)
+    assert BargeInPolicy().is_caller(0.98, loud, VOICED)  # the veto is off by default
+    assert not BargeInPolicy(BargeInSettings(explain_veto_db=20.0)).is_caller(0.98, loud, VOICED)
+    free = replace(loud, echo_free=True)  # on an echo-free line the fit explains noise only
+    assert BargeInPolicy(BargeInSettings(explain_veto_db=20.0)).is_caller(0.98, free, VOICED)
+
+
+def test_the_engine_computes_features_for_unexplained_path_candidates() -> None:
+    assert wants_features(FIRST_TURN_CALLER, -55.0)
+    assert not wants_features(replace(FIRST_TURN_CALLER, echo_db=-20.0, unexplained_db=-40.0),
+                              -55.0)
+
+
+def _before_the_bot(policy: BargeInPolicy, level_db: float) -> None:
+    """A second of the line with the bot silent (``level_db``: its background), then the bot's
+    first window of audio in the echo's lag range."""
+    silent = replace(QUIET_LINE, level_db=level_db, noise_db=level_db - 3.0)
+    for _ in range(31):
+        assert policy.step(0.1, silent, VOICED, BotState.SILENT) == []
+    echo = replace(FIRST_TURN_CALLER, level_db=-45.0, unexplained_db=-70.0)
+    assert policy.step(0.1, echo, VOICED, BotState.INTERRUPTIBLE, clean_prob=0.02) == []
+
+
+def test_unexplained_path_stands_aside_for_a_background_there_before_the_bot() -> None:
+    """``explain_background_db``: a TV at -30 dBFS was on the line before the bot talked; its
+    voice is no more the bot's envelope than a caller is, so only what stands 6 dB over it is."""
+    settings = replace(EXPLAIN, explain_background_db=6.0)
+    tv = replace(FIRST_TURN_CALLER, level_db=-28.0, unexplained_db=-28.5, noise_db=-45.0)
+    policy = BargeInPolicy(settings)
+    _before_the_bot(policy, -30.0)
+    assert not policy.is_caller(0.98, tv, VOICED, clean_prob=0.05)
+    assert policy.is_caller(0.98, FIRST_TURN_CALLER, VOICED, clean_prob=0.05)  # 7.5 dB over
+    quiet = BargeInPolicy(settings)
+    _before_the_bot(quiet, -62.0)  # a quiet line: the same window is a barge-in
+    assert quiet.is_caller(0.98, tv, VOICED, clean_prob=0.05)
+    unfloored = BargeInPolicy(EXPLAIN)
+    _before_the_bot(unfloored, -30.0)
+    assert unfloored.is_caller(0.98, tv, VOICED, clean_prob=0.05)
