@@ -40,6 +40,7 @@ The call controller (``gateway/call.py``) only carries them out.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -402,7 +403,7 @@ class BargeInPolicy:
         self._resumed_speech_ms = 0.0  # the speech that pause had counted
         self._echo_windows = 0  # windows in a row with bot audio in the echo's lag range
         self._echo_total = 0  # windows with bot audio in the echo's lag range, on the call
-        self._silent_levels: list[float] = []  # window levels while no bot audio is in range
+        self._silent_levels: deque[float] = deque(maxlen=31)  # levels, no bot audio in range
         self._background_db: float | None = None  # their upper quartile, when the bot came in
 
     @property
@@ -562,7 +563,7 @@ class BargeInPolicy:
         self._echo_windows = self._echo_windows + 1 if echoing else 0
         self._echo_total += echoing
         if not echoing:
-            self._silent_levels = (self._silent_levels + [gate.level_db])[-31:]
+            self._silent_levels.append(gate.level_db)
         elif self._echo_windows == 1 and self._silent_levels:
             levels = sorted(self._silent_levels)
             self._background_db = levels[(3 * len(levels)) // 4]
