@@ -22,53 +22,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
-from aiohttp import web
 from redis.asyncio import Redis
 
 from bus import CallInfo, Event, RedisBus
 from tests.redis_server import RedisServer
 
+from ._speech import HeldSpeech
 from .conftest import Processes, eventually
 
 SID = "CA00000000000000000000000000000113"
-
-
-class HeldSpeech:
-    """``POST /v1/audio/speech``: records each request's text, answers (100 ms of 24 kHz PCM)
-    only once ``released`` is set."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-        self.released = asyncio.Event()
-        self.base_url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def __aenter__(self) -> HeldSpeech:
-        app = web.Application()
-        app.router.add_post("/v1/audio/speech", self._speech)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.released.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _speech(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.asked.append(str(body.get("input", "")))
-        await self.released.wait()
-        pcm = (np.sin(np.arange(2400) / 24000 * 2 * np.pi * 300) * 8000).astype("<i2").tobytes()
-        resp = web.Response(body=pcm, headers={"Content-Type": "audio/pcm"})
-        resp.force_close()
-        return resp
 
 
 def _config(base_url: str) -> str:

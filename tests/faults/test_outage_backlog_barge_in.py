@@ -23,9 +23,7 @@ import json
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
-from aiohttp import web
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -34,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from bus import CallInfo, RedisBus
 from tests.redis_server import RedisServer
 
+from ._speech import HeldSpeech
 from ._workers import key
 from .conftest import Processes, eventually
 
@@ -41,42 +40,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SID = "CA0000000000000000000000000013b1"
 ANSWER = "You pressed "
-
-
-class GatedSpeech:
-    """``POST /v1/audio/speech``: records each request's text; answers (100 ms of 24 kHz PCM)
-    only while ``open`` is set."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-        self.open = asyncio.Event()
-        self.base_url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def __aenter__(self) -> GatedSpeech:
-        app = web.Application()
-        app.router.add_post("/v1/audio/speech", self._speech)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.open.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _speech(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.asked.append(str(body.get("input", "")))
-        await self.open.wait()
-        pcm = (np.sin(np.arange(2400) / 24000 * 2 * np.pi * 300) * 8000).astype("<i2").tobytes()
-        resp = web.Response(body=pcm, headers={"Content-Type": "audio/pcm"})
-        resp.force_close()
-        return resp
 
 
 def _config(base_url: str) -> str:
@@ -127,7 +90,7 @@ async def test_an_answer_cut_by_a_barge_in_after_an_outage_is_on_the_downlink_as
     raw = Redis.from_url(server.url, socket_timeout=5, retry=Retry(ExponentialBackoff(), 8),
                          retry_on_error=[RedisConnectionError])  # fmt: skip
     try:
-        async with GatedSpeech() as tts, RedisBus(server.url, bus_id="gw") as gw:
+        async with HeldSpeech() as tts, RedisBus(server.url, bus_id="gw") as gw:
             config = tmp_path / "agents.yaml"
             config.write_text(_config(tts.base_url))
             processes.start("w1", "--log-level", "INFO", "worker", "--redis", server.url,
@@ -136,7 +99,7 @@ async def test_an_answer_cut_by_a_barge_in_after_an_outage_is_on_the_downlink_as
             await eventually(lambda: raw.exists("cg:worker:w1"), 120, "w1 up")
             await gw.open_call(CallInfo(SID, agent="dtmf"))
             await gw.publish(SID, {"type": "call_started", "agent": "dtmf", "t_ms": 0})
-            tts.open.set()
+            tts.released.set()
             await gw.publish(SID, {"type": "dtmf", "digit": "0", "t_ms": 1000})
 
             async def answered(digits: str) -> bool:
@@ -153,7 +116,7 @@ async def test_an_answer_cut_by_a_barge_in_after_an_outage_is_on_the_downlink_as
             await eventually(zero_whole, 60, "the answer to 0, whole")
             playing = _utterance_of(await _downlink(raw), "0")
 
-            tts.open.clear()  # text to speech slow from here: the worker's output backs up
+            tts.released.clear()  # text to speech slow from here: the worker's output backs up
             server.kill()
             for t_ms, digit in ((2000, "1"), (2500, "2")):  # buffered by the gateway's bus
                 await gw.publish(SID, {"type": "dtmf", "digit": digit, "t_ms": t_ms})
@@ -181,7 +144,7 @@ async def test_an_answer_cut_by_a_barge_in_after_an_outage_is_on_the_downlink_as
                 return interrupt_id not in [p["message_id"] for p in pending]
 
             await eventually(interrupt_handled, 30, "the interrupt handled")
-            tts.open.set()
+            tts.released.set()
             await gw.publish(SID, {"type": "dtmf", "digit": "3", "t_ms": 4000})
 
             async def three_answered() -> bool:
