@@ -43,7 +43,7 @@ import re
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -222,18 +222,21 @@ class Aligner:
         return out
 
 
+def _labelled_audio(recordings: Path) -> Iterator[tuple[dict[str, Any], Floats]]:
+    """Each recording with labels and a WAV: (its labels, its audio as floats)."""
+    for path in sorted(recordings.glob("*.json")):
+        wav = path.with_suffix(".wav")
+        if wav.exists():
+            yield json.loads(path.read_text()), ulaw_to_float32(read_wav_ulaw(wav))
+
+
 def align_recordings(recordings: Path = RECORDINGS) -> dict[str, list[list[Any]]]:
     """Every speech event of the turns (``_turn_groups``: clean real voices) with a transcript, aligned on the recording's
     audio from 300 ms before its onset to 300 ms after its offset: ``{"NAME@START_MS":
     [[word, start_ms, end_ms], ...]}`` in the recording's ms."""
     aligner = Aligner()
     out: dict[str, list[list[Any]]] = {}
-    for path in sorted(recordings.glob("*.json")):
-        labels = json.loads(path.read_text())
-        wav = path.with_suffix(".wav")
-        if not wav.exists():
-            continue
-        x = ulaw_to_float32(read_wav_ulaw(wav))
+    for labels, x in _labelled_audio(recordings):
         for e in (e for group in _turn_groups(labels) for e in group):
             text = _event_text(e)
             if text is None:
@@ -293,12 +296,7 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True,
     rng = np.random.default_rng(17)
     cases: list[Case] = []
     aligned = _load_words()
-    for path in sorted(recordings.glob("*.json")):
-        labels = json.loads(path.read_text())
-        wav = path.with_suffix(".wav")
-        if not wav.exists():
-            continue
-        x = ulaw_to_float32(read_wav_ulaw(wav))
+    for labels, x in _labelled_audio(recordings):
         for gi, group in enumerate(_turn_groups(labels)):
             start = max(0, int((group[0]["start_ms"] - 400) * 8))
             end = int(group[-1]["end_ms"] * 8)
