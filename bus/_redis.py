@@ -1456,7 +1456,10 @@ class RedisBus(Bus):
         if code in (1, 2):
             self._owned[sid] = _Owned(sid, worker_id, info, token, _sid(gateway) if gateway else None,
                                       {entry_id})  # fmt: skip
-            if orphan:
+            # Fencing token 1: no worker ever held the call. The scan found a new call that no
+            # read had reached yet (on a loaded machine our own pump may hold it, read but not
+            # yet handed over, past the claim idle time): a claim, not a takeover.
+            if orphan and token != "1":
                 self.counters["orphans_claimed"] += 1
                 log.warning("bus %s: worker %s took over call %s with fencing token %s (its worker "
                             "stopped renewing)", self.bus_id, worker_id, sid, token)  # fmt: skip
