@@ -533,26 +533,16 @@ def fit_lm_weight(train: Sequence[Scored], weights: ProsodyWeights,
     (prosody as a fixed offset, train onsets whose words do not end on a continuation word)."""
     off, x, y = [], [], []
     for sc in train:
-        det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
-        prev = False
-        for k, speech in enumerate(sc.speech):
-            end = (k + 1) * 256
-            det.feed(sc.case.audio[k * 256:end])
-            if prev and not speech:
-                t = k * 32.0
-                said = " ".join(w for w, _, w1 in sc.case.words or ()
-                                if w1 <= t + TEXT_SETTLE_MS)
-                label = (False if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses)
-                         else True if t >= sc.case.end_ms - 150 else None)
-                score = lm(said)
-                if label is not None and score is not None and not text_flags(said)[1]:
-                    pos, slope, _ = det.features()
-                    off.append(weights.bias + weights.pitch_position * pos
-                               + weights.pitch_slope * slope)
-                    x.append(score)
-                    y.append(1.0 if label else 0.0)
-            det.step(speech, end)
-            prev = speech
+        for t, det in _silence_onsets(sc):
+            said = " ".join(w for w, _, w1 in sc.case.words or () if w1 <= t + TEXT_SETTLE_MS)
+            label = _onset_label(sc, t)
+            score = lm(said)
+            if label is not None and score is not None and not text_flags(said)[1]:
+                pos, slope, _ = det.features()
+                off.append(weights.bias + weights.pitch_position * pos
+                           + weights.pitch_slope * slope)
+                x.append(score)
+                y.append(1.0 if label else 0.0)
     o, xs, ys = np.array(off), np.array(x), np.array(y)
     centre = float(xs.mean())
     cw = np.where(ys > 0, 0.5 / max(ys.mean(), 1e-9), 0.5 / max(1 - ys.mean(), 1e-9))
@@ -613,25 +603,38 @@ def features_at_pauses(sc: Scored, with_text: bool = False
     on the weights being fitted (a case is one turn). ``with_text``: two more inputs, whether
     the words so far end on a word a sentence can end on, and on a continuation word (both 0
     without a transcript)."""
-    det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
     rows: list[tuple[tuple[float, ...], bool]] = []
+    for t, det in _silence_onsets(sc):
+        f: tuple[float, ...] = det.features()
+        if with_text:
+            said = [w for w, _, w1 in sc.case.words or () if w1 <= t + TEXT_SETTLE_MS]
+            f = (*f, *text_flags(" ".join(said)))
+        label = _onset_label(sc, t)
+        if label is not None:
+            rows.append((f, label))
+    return rows
+
+
+def _silence_onsets(sc: Scored) -> Iterator[tuple[float, TurnDetector]]:
+    """(ms, the detector fed up to there) at each silence onset of a case: a detector that never
+    ends the turn, stepped over the case's VAD verdicts."""
+    det = TurnDetector(TurnSettings(mode="silence", silence_ms=math.inf, early_ms=0))
     prev = False
     for k, speech in enumerate(sc.speech):
         end = (k + 1) * 256
         det.feed(sc.case.audio[k * 256:end])
         if prev and not speech:
-            t = k * 32.0
-            f: tuple[float, ...] = det.features()
-            if with_text:
-                said = [w for w, _, w1 in sc.case.words or () if w1 <= t + TEXT_SETTLE_MS]
-                f = (*f, *text_flags(" ".join(said)))
-            if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses):
-                rows.append((f, False))
-            elif t >= sc.case.end_ms - 150:
-                rows.append((f, True))
+            yield k * 32.0, det
         det.step(speech, end)
         prev = speech
-    return rows
+
+
+def _onset_label(sc: Scored, t: float) -> bool | None:
+    """A silence onset at ``t`` ms: in an inserted pause (False), at the turn's end (True), or
+    neither (None, not used)."""
+    if any(p0 - 100 <= t <= p1 for p0, p1 in sc.case.pauses):
+        return False
+    return True if t >= sc.case.end_ms - 150 else None
 
 
 @dataclass(frozen=True, slots=True)
