@@ -434,9 +434,7 @@ class BargeInPolicy:
         if (veto is not None and gate.ref_db > _NO_ECHO_DB and not gate.echo_free
                 and gate.unexplained_db < gate.level_db - veto):
             return False  # the bot's own envelope, delayed and attenuated, explains the window
-        margin = self.settings.caller_margin_db
-        if margin is not None and self.caller_db is not None and (
-                gate.level_db < self.caller_db - margin):
+        if self._under_caller_margin(gate):
             return False  # far under the caller's own voice: someone else in the room
         if clean_prob is None:
             return True
@@ -466,9 +464,13 @@ class BargeInPolicy:
             return False
         if gate.unexplained_db - gate.noise_db < s.explain_noise_db:
             return False
-        margin = s.caller_margin_db
-        return not (margin is not None and self.caller_db is not None
-                    and gate.level_db < self.caller_db - margin)
+        return not self._under_caller_margin(gate)
+
+    def _under_caller_margin(self, gate: GateReading) -> bool:
+        """The window is ``caller_margin_db`` or more under the level the caller was heard at."""
+        margin = self.settings.caller_margin_db
+        return (margin is not None and self.caller_db is not None
+                and gate.level_db < self.caller_db - margin)
 
     def _clean_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
                       clean_prob: float | None) -> bool:
@@ -485,9 +487,7 @@ class BargeInPolicy:
             return False
         if gate.level_db - gate.noise_db < s.clean_noise_db:
             return False
-        margin = s.caller_margin_db
-        return not (margin is not None and self.caller_db is not None
-                    and gate.level_db < self.caller_db - margin)
+        return not self._under_caller_margin(gate)
 
     def echo_veto(self, clean_prob: float, gate: GateReading) -> bool:
         """With an echo canceller in front: is this window, which the raw reading took for the
