@@ -1,14 +1,16 @@
 """A text-to-speech server speaking OpenAI's ``/v1/audio/speech`` on loopback whose answers a
-test holds and releases: the worker's output backs up while it holds them."""
+test holds and releases (the worker's output backs up while it holds them), and the agent config the
+fault tests give it: one key-press echo agent speaking through it."""
 
 from __future__ import annotations
 
 import asyncio
+import textwrap
 
 import numpy as np
 from aiohttp import web
 
-__all__ = ["HeldSpeech"]
+__all__ = ["HeldSpeech", "dtmf_echo_config"]
 
 
 class HeldSpeech:
@@ -45,3 +47,23 @@ class HeldSpeech:
         resp = web.Response(body=pcm, headers={"Content-Type": "audio/pcm"})
         resp.force_close()
         return resp
+
+
+
+def dtmf_echo_config(base_url: str, *, dtmf_interrupts: bool = True) -> str:
+    """agents.yaml for one agent answering each key press (``tests.faults._agents:DtmfEcho``),
+    its text to speech at ``base_url``."""
+    barge_in = "" if dtmf_interrupts else """
+            barge_in:
+              dtmf_interrupts: false"""
+    return textwrap.dedent(
+        f"""
+        default_agent: dtmf
+        agents:
+          dtmf:
+            tts: {{provider: openai, model: tts-1, voice: alloy, base_url: "{base_url}",
+                   api_key: "${{CG_TEST_TTS_KEY}}"}}{barge_in}
+            nodes:
+              - {{kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}}
+        """
+    )

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import textwrap
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,24 +27,10 @@ from redis.asyncio import Redis
 from bus import CallInfo, Event, RedisBus
 from tests.redis_server import RedisServer
 
-from ._speech import HeldSpeech
+from ._speech import HeldSpeech, dtmf_echo_config
 from .conftest import Processes, eventually
 
 SID = "CA00000000000000000000000000000113"
-
-
-def _config(base_url: str) -> str:
-    return textwrap.dedent(
-        f"""
-        default_agent: dtmf
-        agents:
-          dtmf:
-            tts: {{provider: openai, model: tts-1, voice: alloy, base_url: "{base_url}",
-                   api_key: "${{CG_TEST_TTS_KEY}}"}}
-            nodes:
-              - {{kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}}
-        """
-    )
 
 
 async def _raw_starts(raw: Redis) -> list[str]:
@@ -76,7 +61,7 @@ async def _call_on_w1(redis_server: RedisServer, processes: Processes, tmp_path:
     """A call started and owned by w1, with w2 up to take it over."""
     async with HeldSpeech() as tts:
         config = tmp_path / "agents.yaml"
-        config.write_text(_config(tts.base_url))
+        config.write_text(dtmf_echo_config(tts.base_url))
         env = {"CG_TEST_TTS_KEY": "test-key"}
         worker = ("--log-level", "INFO", "worker", "--redis", redis_server.url,
                   "--config", str(config))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from bus import CallInfo, RedisBus
 from tests.redis_server import RedisServer
 
-from ._speech import HeldSpeech
+from ._speech import HeldSpeech, dtmf_echo_config
 from ._workers import key
 from .conftest import Processes, eventually
 
@@ -40,22 +39,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SID = "CA0000000000000000000000000013b1"
 ANSWER = "You pressed "
-
-
-def _config(base_url: str) -> str:
-    return textwrap.dedent(
-        f"""
-        default_agent: dtmf
-        agents:
-          dtmf:
-            tts: {{provider: openai, model: tts-1, voice: alloy, base_url: "{base_url}",
-                   api_key: "${{CG_TEST_TTS_KEY}}"}}
-            barge_in:
-              dtmf_interrupts: false
-            nodes:
-              - {{kind: python, name: echo, ref: "tests.faults._agents:DtmfEcho"}}
-        """
-    )
 
 
 async def _downlink(raw: Redis) -> list[dict[str, object]]:
@@ -92,7 +75,7 @@ async def test_an_answer_cut_by_a_barge_in_after_an_outage_is_on_the_downlink_as
     try:
         async with HeldSpeech() as tts, RedisBus(server.url, bus_id="gw") as gw:
             config = tmp_path / "agents.yaml"
-            config.write_text(_config(tts.base_url))
+            config.write_text(dtmf_echo_config(tts.base_url, dtmf_interrupts=False))
             processes.start("w1", "--log-level", "INFO", "worker", "--redis", server.url,
                             "--config", str(config), "--worker-id", "w1",
                             env={"CG_TEST_TTS_KEY": "test-key"})  # fmt: skip
