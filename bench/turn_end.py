@@ -187,7 +187,7 @@ class Aligner:
     boundaries of LDC93S1 (docs/turns.md)."""
 
     def __init__(self) -> None:
-        import pocketsphinx  # type: ignore[import-untyped]
+        import pocketsphinx
 
         from speech._pocketsphinx import TELEPHONE_CMNINIT
 

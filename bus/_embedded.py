@@ -306,10 +306,10 @@ class EmbeddedBus(Bus):
                 continue
             call.pending[index] = worker_id
             message = self._accept(call, call_sid, index, seen, through, redelivered=True)
-            if message is _END:
+            if message is _Accepted.END:
                 return
             if message is not None:
-                yield message  # type: ignore[misc]
+                yield message
         while True:
             self._check_owner(call, call_sid, worker_id)
             if call.delivered >= len(call.up):
@@ -319,10 +319,10 @@ class EmbeddedBus(Bus):
             call.delivered += 1
             call.pending[index] = worker_id
             message = self._accept(call, call_sid, index, seen, through, redelivered=False)
-            if message is _END:
+            if message is _Accepted.END:
                 return
             if message is not None:
-                yield message  # type: ignore[misc]
+                yield message
 
     def _check_owner(self, call: _Call, call_sid: str, worker_id: str) -> None:
         self._check_open()
@@ -338,14 +338,14 @@ class EmbeddedBus(Bus):
         through: tuple[int, int] | None,
         *,
         redelivered: bool,
-    ) -> BusMessage | object | None:
+    ) -> BusMessage | _Accepted | None:
         payload = call.up[index]
         if payload is None:  # the end marker
             call.pending.pop(index, None)
             if call.owner_bus is self:
                 call.owner, call.owner_bus = None, None
             self._up_seen.pop(call_sid, None)
-            return _END
+            return _Accepted.END
         key = (0, index + 1)
         event = protocol.unpack(*payload)
         eid = event.get("eid")
@@ -392,4 +392,7 @@ class EmbeddedBus(Bus):
         return result
 
 
-_END = object()
+class _Accepted(enum.Enum):
+    """What `_accept` returns besides a message (an enum, so the type checker narrows on it)."""
+
+    END = "end"  # the call's end marker

@@ -121,7 +121,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.typing import KeyT, StreamIdT
+from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
 from . import protocol
 from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
@@ -316,7 +316,11 @@ _PLAIN: dict[str, Callable[..., list[tuple[Any, ...]]]] = {
 
 _LOST = object()  # uplink queue sentinel: another worker took the call
 _CLOSED = object()  # queue sentinel: the bus is closing
-_END = object()  # _accept result: the call's end marker
+class _Accepted(enum.Enum):
+    """What `_accept` returns besides a message (an enum, so the type checker narrows on it)."""
+
+    END = "end"  # the call's end marker
+
 
 
 # A stream entry of an event: field ``e``, the JSON text of ``protocol.pack``, and one field
@@ -1533,11 +1537,11 @@ class RedisBus(Bus):
             await reader.add(key, sub, self._group(call_sid))
             for message_id, fields in history:
                 message = self._accept(call_sid, message_id, fields, seen, through, True)
-                if message is _END:
+                if message is _Accepted.END:
                     ended = True
                     return
                 if message is not None:
-                    yield message  # type: ignore[misc]
+                    yield message
                     await self._step_written()
             while True:
                 item = await sub.queue.get()
@@ -1546,11 +1550,11 @@ class RedisBus(Bus):
                 if item is _LOST:
                     raise OwnershipLostError(call_sid, "?", f"call {call_sid}: another worker took it over")
                 message = self._accept(call_sid, item[0], item[1], seen, through, False)
-                if message is _END:
+                if message is _Accepted.END:
                     ended = True
                     return
                 if message is not None:
-                    yield message  # type: ignore[misc]
+                    yield message
                     await self._step_written()
         finally:
             reader.remove(key, sub)
@@ -1598,14 +1602,14 @@ class RedisBus(Bus):
         seen: SeenWindow,
         through: tuple[int, int] | None,
         redelivered: bool,
-    ) -> BusMessage | object | None:
-        """Turn one uplink entry into a message, or None to skip it, or _END."""
+    ) -> BusMessage | _Accepted | None:
+        """Turn one uplink entry into a message, or None to skip it, or ``_Accepted.END``."""
         message_id = _sid(raw_id)
         if not fields:
             return None
         if b"c" in fields:
             self._ack_op(call_sid, message_id)
-            return _END
+            return _Accepted.END
         id_key = parse_stream_id(message_id)
         event = _entry_event(fields, f"the uplink of {call_sid}")
         if event is None:
@@ -1918,11 +1922,11 @@ class RedisBus(Bus):
         and our next heartbeat's XCLAIM finds it pending again."""
         assert owned.info is not None
         info = json.dumps(owned.info.to_dict(), separators=(",", ":"))
-        fields = {"call": info, "owner": owned.worker_id}
+        fields: dict[FieldT, EncodableT] = {"call": info, "owner": owned.worker_id}
         if owned.gateway:
             fields["gw"] = owned.gateway
-        entry_id = await redis.xadd(self._calls_key_for(owned.call_sid), fields,  # type: ignore[arg-type]
-                                    maxlen=self._calls_maxlen, approximate=True)  # fmt: skip
+        entry_id = await redis.xadd(self._calls_key_for(owned.call_sid), fields,
+                                    maxlen=self._calls_maxlen, approximate=True)
         # Not pending anywhere until a claim loop reads it; our XCLAIM then finds it.
         owned.announced = _sid(entry_id)
 

@@ -81,6 +81,8 @@ def make_retry(retries: int, base_s: float, cap_s: float) -> Retry:
     return Retry(
         make_backoff(base_s, cap_s),
         retries,
+        # redis-py types supported_errors as RedisError subclasses but catches any class given;
+        # OSError is the socket's own error, raised before redis-py wraps it.
         supported_errors=(RedisConnectionError, RedisTimeoutError, OSError),  # type: ignore[arg-type]
     )
 

@@ -460,7 +460,7 @@ def encode(event: BusEvent, *, eid: str | None = None, text: bool = False) -> di
     Raises:
         TypeError: ``event`` is not one of this module's records (a programming error).
     """
-    entry = _BY_TYPE.get(getattr(event, "type", None))  # type: ignore[arg-type]
+    entry = _BY_TYPE.get(getattr(event, "type", ""))
     if entry is None or type(event) is not entry[0]:
         raise TypeError(f"not a bus event record: {type(event).__name__}")
     wire: dict[str, Any] = {"type": event.type, "v": _VERSION_TEXT}

@@ -236,6 +236,8 @@ def _install_media_timers(loop: asyncio.AbstractEventLoop) -> None:
             return wall_call_at(the_loop, when, callback, *args, context=context)
         return clock._call_at(the_loop, when, callback, args, context)
 
+    # Patching this loop object's call_at is the point (its timers run on the media clock);
+    # mypy refuses any assignment to a method.
     loop.call_at = call_at  # type: ignore[method-assign, assignment]
 
 

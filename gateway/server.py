@@ -516,12 +516,13 @@ class GatewayApp:
             self.ops.watch(timeline)
         recorder = (CallRecorder(timeline, self.settings.recording_for)
                     if self.settings.recording_for is not None else None)
+        transcriber_for = self.settings.transcriber_for
         session = CallSession(
             send=send, bus=self.bus, vad=self.vad, timeline=timeline,
             authorize=lambda start: self._authorize(start, key),
             settings_for=lambda info: self.settings.call_settings_for(info.agent),
-            transcriber_for=(None if self.settings.transcriber_for is None
-                             else lambda info: self.settings.transcriber_for(info.agent)),  # type: ignore[misc]
+            transcriber_for=(None if transcriber_for is None
+                             else lambda info: transcriber_for(info.agent)),
         )
         try:
             while True:

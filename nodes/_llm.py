@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Generator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Self, TypeVar, overload
 
@@ -167,7 +167,7 @@ class ChatStream:
     def __init__(self, client: OpenAIClient, params: dict[str, Any]) -> None:
         self._client = client
         self._params = params
-        self._iterator: AsyncIterator[ChatChunk] | None = None
+        self._iterator: AsyncGenerator[ChatChunk, None] | None = None
 
     def __await__(self) -> Generator[Any, None, ChatStream]:
         # ``await llm.chat(..., stream=True)`` hands back the stream itself.
@@ -184,7 +184,7 @@ class ChatStream:
     async def aclose(self) -> None:
         """Stop reading and close the HTTP response."""
         if self._iterator is not None:
-            await self._iterator.aclose()  # type: ignore[attr-defined]
+            await self._iterator.aclose()
 
 
 class _ChatCall:
@@ -282,7 +282,7 @@ class OpenAIClient(_ChatClient[ChatStream, _ChatCall]):
         ]
         return ChatResponse(content=message.content, tool_calls=calls, usage=usage)
 
-    async def _stream(self, params: dict[str, Any]) -> AsyncIterator[ChatChunk]:
+    async def _stream(self, params: dict[str, Any]) -> AsyncGenerator[ChatChunk, None]:
         try:
             stream = await self._client.chat.completions.create(**params)
         except openai.OpenAIError as exc:

@@ -20,8 +20,8 @@ _MAX_DEPTH = 64
 def _frame(obj: Any) -> FrameType | None:
     for name in ("cr_frame", "ag_frame", "gi_frame"):
         frame = getattr(obj, name, None)
-        if frame is not None:
-            return frame  # type: ignore[no-any-return]
+        if isinstance(frame, FrameType):
+            return frame
     return None
 
 

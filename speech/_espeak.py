@@ -78,7 +78,7 @@ class _Engine:
 
     def __init__(self) -> None:
         try:
-            import espeakng_loader  # type: ignore[import-untyped]
+            import espeakng_loader
         except ImportError as exc:
             raise EngineUnavailableError(
                 "the 'espeakng-loader' package is not installed (pip install espeakng-loader)"

@@ -159,6 +159,7 @@ class OpenAITranscriber(OpenAIClientOwner):
                 response_format="json",
                 # Optional fields go in only when set: the SDK's "not given" sentinel has
                 # changed between releases (NOT_GIVEN, omit); leaving them out works with all.
+                # (mypy cannot match a dict's values to the SDK's per-field overloads.)
                 **options,  # type: ignore[call-overload]
             )
         except openai.OpenAIError as exc:
@@ -404,8 +405,9 @@ class OpenAIRealtimeStream(_UploadableStream):
                 sender = asyncio.ensure_future(self._send(conn))
                 try:
                     async for event in conn:
-                        if sender.done() and sender.exception() is not None:
-                            raise sender.exception()  # type: ignore[misc]
+                        failed = sender.exception() if sender.done() else None
+                        if failed is not None:
+                            raise failed
                         if self._on_event(event):
                             return
                 finally:

@@ -130,6 +130,7 @@ class OpenAISynthesizer(OpenAIClientOwner):
                 response_format=self.response_format,
                 # Optional fields go in only when set; the SDK's sentinel for "not given" has
                 # changed between releases (NOT_GIVEN, omit), leaving them out works with all.
+                # (mypy cannot match a dict's values to the SDK's per-field types.)
                 **options,  # type: ignore[arg-type]
             ) as response:
                 content_type = response.headers.get("content-type", "").lower()

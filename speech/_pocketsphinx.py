@@ -114,7 +114,7 @@ class PocketsphinxTranscriber:
         decoder_options: Mapping[str, DecoderOption] | None = None,
     ) -> None:
         try:
-            import pocketsphinx  # type: ignore[import-untyped]
+            import pocketsphinx
         except ImportError as exc:
             raise EngineUnavailableError(
                 "the 'pocketsphinx' package is not installed (pip install pocketsphinx)"

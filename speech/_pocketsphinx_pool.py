@@ -133,7 +133,7 @@ def spottable(phrases: Sequence[str], dictionary: str) -> tuple[str, ...]:
 
 
 def _default_dict() -> str:
-    import pocketsphinx  # type: ignore[import-untyped]
+    import pocketsphinx
 
     return str(pocketsphinx.Config()["dict"])
 
