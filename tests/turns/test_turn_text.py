@@ -84,7 +84,8 @@ def _buzz(ms: float) -> np.ndarray:
 def test_the_words_reach_the_detector_and_hold_it_through_a_pause() -> None:
     """A turn "I want to pay the | bill" with a 704 ms pause after "the": with short waits and no
     text the turn ends in the pause; with the words (250 ms late) "the" holds it, and the end
-    after "bill" comes from the same detector (its text given again after the pause)."""
+    after "bill" comes from the same detector (its text given again after the pause). With
+    ``text_cues: off`` the words change nothing."""
     audio = np.concatenate([_buzz(1536), np.zeros(704 * 8, np.float32), _buzz(512),
                             np.zeros(3000 * 8, np.float32)])
     speech = [k < 48 or 70 <= k < 86 for k in range(len(audio) // 256)]
@@ -98,6 +99,10 @@ def test_the_words_reach_the_detector_and_hold_it_through_a_pause() -> None:
     text = turn_end.evaluate([sc], turn_end.detector_method(quick, turn_end.aligned_text(250)))
     assert text.false_ends_1s == 0
     assert text.delays and 300 <= text.delays[0] <= 400 + 32 + 250
+    # text_cues: off: the same partials, and the decisions of no partials at all.
+    off = replace(quick, text_cues="off")
+    ignored = turn_end.evaluate([sc], turn_end.detector_method(off, turn_end.aligned_text(250)))
+    assert ignored.false_ends_1s == 1 and ignored.delays == plain.delays
 
 
 @pytest.mark.slow
