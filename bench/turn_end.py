@@ -412,7 +412,7 @@ stream time from which it has it, the turn's words so far), in time order."""
 def aligned_text(lag_ms: float = 0.0) -> TextSource:
     """The words the caller has said, from the forced alignment: each word from ``lag_ms`` after
     its aligned end (0: an oracle; a streaming recogniser's partial lags the audio by about a
-    word: bench/_openai_stub.py sends a word per 250 ms). No transcript: nothing."""
+    word: bench.turns' stub sends each word 250 ms after its end). No transcript: nothing."""
     def run(sc: Scored) -> list[tuple[float, str]]:
         ws = sc.case.words or ()
         return [(w1 + lag_ms, " ".join(w for w, _, _ in ws[: i + 1]))
@@ -838,7 +838,8 @@ def fit_model(train: Sequence[Scored], base: TurnSettings | None = None) -> dict
 
 FIT_LAG_MS = 250.0
 """The fit's train figures with text give the detector each word this long after its aligned
-end (a streaming recogniser's lag: bench/_openai_stub.py's word per 250 ms)."""
+end (a streaming recogniser's lag; bench.turns' stub sends each word's partial this long after
+its end, ``Latencies.partial_lag_ms``)."""
 
 
 TURN_SOURCE = Path(__file__).resolve().parent.parent / "vad" / "_turn.py"
@@ -978,7 +979,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also score the prosody detector with these turn.patience values")
     ap.add_argument("--lag-ms", type=float, default=250.0,
                     help="the streaming recogniser's lag: a word reaches the detector this long "
-                    "after its aligned end (default 250, as bench/_openai_stub.py)")
+                    "after its aligned end (default 250, as bench.turns' stub)")
     ap.add_argument("--asr-ms", type=float, default=0.0,
                     help="pocketsphinx text reaches the detector this long after the silence "
                     "onset it was decoded at (default 0: as if it decoded as the audio came)")
