@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench import turn_end
-from vad._turn import TurnSettings
+from vad._turn import TurnDetector, TurnSettings
 
 # TIMIT's hand-labelled word boundaries of its sample sentence (LDC93S1, FCJF0 SA1: the
 # dev voice timit_ldc93s1), in samples at 16 kHz, as TIMIT's .WRD file gives them.
@@ -154,3 +154,32 @@ def test_the_text_weight_is_not_fitted_without_words() -> None:
     for rows in ([], no_words):
         with pytest.raises(SystemExit, match="no transcripts"):
             turn_end.fit_text_weight(rows, ProsodyWeights())
+
+
+def test_the_done_wait_experiment_shortens_only_where_text_and_prosody_say_done() -> None:
+    """bench.turn_end --done-wait (tried and dropped: docs/turns.md): ``cap`` waits at most its
+    wait where the partial ends on a word a sentence can end on and the prosody's own log-odds
+    reach the threshold; a trailing "and", or prosody under the threshold, keeps the wait;
+    ``floor`` lowers the wait's floor for such a partial only."""
+    eager = TurnSettings(weights=replace(TurnSettings().weights, bias=3.0), early_ms=0)
+
+    def wait(text: str, det: TurnDetector) -> float:
+        """The wait after 1.5 s of voice with ``text`` as the partial at its end."""
+        det.feed(_buzz(1536))
+        for k in range(48):
+            det.step(True, (k + 1) * 256)
+        det.set_transcript(text)
+        det.step(False, 49 * 256)
+        assert det.estimate is not None
+        return det.estimate.wait_ms
+
+    def done_wait(kind: str, text: str, threshold: float = 0.0) -> float:
+        return wait(text, turn_end._DoneWaitDetector(eager, kind, 400.0, threshold))
+
+    plain = wait("I want to pay", TurnDetector(eager))
+    assert plain > 400
+    assert done_wait("cap", "I want to pay") == 400.0
+    assert done_wait("cap", "I want to pay", threshold=10.0) == plain
+    assert done_wait("cap", "I want to pay and") >= eager.text_wait_ms
+    assert 400 < done_wait("floor", "I want to pay") < plain
+    assert done_wait("floor", "I want to pay and") >= eager.text_wait_ms
