@@ -1010,6 +1010,18 @@ class SmartTurn:
         return run
 
 
+def _print_splits(scored: Sequence[Scored], methods: Sequence[tuple[str, Method]], title: str,
+                  key: str, report: dict[str, Any]) -> None:
+    """Each method's row on the train, then the check turns; figures in ``report[split+key]``."""
+    for split in ("train", "check"):
+        part = [sc for sc in scored if sc.case.split == split]
+        print(f"\n## {split} voices, {title}\n\n{HEADER}")
+        for name, m in methods:
+            o = evaluate(part, m)
+            print(row(name, o), flush=True)
+            report.setdefault(f"{split}{key}", {})[name] = _figures(o)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
                                  description=__doc__.split("\n")[0])
@@ -1166,13 +1178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                detector_method(st, aligned_text(lag), make)))
         print(f"\n# end-of-sentence LM: weight {lm_w} per log10, centre {lm_c} (fitted on "
               "train, text_done off)")
-        for split in ("train", "check"):
-            part = [sc for sc in scored if sc.case.split == split]
-            print(f"\n## {split} voices, end-of-sentence LM\n\n{HEADER}")
-            for name, m in lm_methods:
-                o = evaluate(part, m)
-                print(row(name, o), flush=True)
-                report.setdefault(f"{split}_lm", {})[name] = _figures(o)
+        _print_splits(scored, lm_methods, "end-of-sentence LM", "_lm", report)
     if args.done_wait:
         train_part = [sc for sc in scored if sc.case.split == "train"]
         shipped = (f"prosody + text {lag:g} ms late (shipped)",
@@ -1182,14 +1188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pick = min(keys, key=lambda name: keys[name])
         print(f"\n# --done-wait: picked on train as --fit picks (heard false ends on pauses <= "
               f"1 s, counted above 2%, then the median delay): {pick}")
-        for split in ("train", "check"):
-            part = [sc for sc in scored if sc.case.split == split]
-            print(f"\n## {split} voices, shorter waits where text and prosody say done\n\n"
-                  f"{HEADER}")
-            for name, m in candidates:
-                o = evaluate(part, m)
-                print(row(name, o), flush=True)
-                report.setdefault(f"{split}_done_wait", {})[name] = _figures(o)
+        _print_splits(scored, candidates, "shorter waits where text and prosody say done",
+                      "_done_wait", report)
     if not args.no_pocketsphinx:
         recogniser = PrefixRecogniser(args.asr_ms)
         if args.asr_cache is not None and args.asr_cache.exists():
