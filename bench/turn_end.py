@@ -412,7 +412,7 @@ stream time from which it has it, the turn's words so far), in time order."""
 def aligned_text(lag_ms: float = 0.0) -> TextSource:
     """The words the caller has said, from the forced alignment: each word from ``lag_ms`` after
     its aligned end (0: an oracle; a streaming recogniser's partial lags the audio by about a
-    word: bench/_openai_stub.py sends a word per 250 ms). No transcript: nothing."""
+    word: bench.turns' stub sends each word 250 ms after its end). No transcript: nothing."""
     def run(sc: Scored) -> list[tuple[float, str]]:
         ws = sc.case.words or ()
         return [(w1 + lag_ms, " ".join(w for w, _, _ in ws[: i + 1]))
@@ -551,6 +551,52 @@ def fit_lm_weight(train: Sequence[Scored], weights: ProsodyWeights,
         p = 1 / (1 + np.exp(-(o + w * (xs - centre))))
         w -= 0.5 * float(np.sum(cw * (p - ys) * (xs - centre)) / len(ys))
     return round(w, 3), round(centre, 3)
+
+
+class _DoneWaitDetector(TurnDetector):
+    """A shorter wait where the text and the prosody both say the turn is done: a bench
+    experiment (``--done-wait``; tried and dropped, docs/turns.md). With ``text_done``: ``cap``
+    waits at most ``wait_ms`` when the prosody's own log-odds (bias, pitch, short turn; no
+    text) are at least ``threshold``; ``floor`` puts ``wait_ms`` in place of ``min_wait_ms``."""
+
+    def __init__(self, settings: TurnSettings, kind: str, wait_ms: float,
+                 threshold: float = 0.0) -> None:
+        super().__init__(settings)
+        self._kind, self._wait, self._threshold = kind, wait_ms, threshold
+
+    def _estimate(self) -> EndEstimate:
+        est = super()._estimate()
+        s, w = self.settings, self.settings.weights
+        if s.mode == "silence" or not est.text_done:
+            return est
+        if self._kind == "floor":
+            return replace(est, wait_ms=s.patience * (
+                self._wait + (s.max_wait_ms - self._wait) * (1.0 - est.p_end)))
+        z = w.bias + w.pitch_position * est.pitch_position + w.pitch_slope * est.pitch_slope
+        z += w.short_turn if est.speech_ms <= s.short_turn_ms else 0.0
+        if z < self._threshold:
+            return est
+        return replace(est, wait_ms=min(est.wait_ms, s.patience * self._wait))
+
+
+DONE_WAIT_GRID = (
+    *[("cap", float(ms), thr) for thr in (-0.5, 0.0, 0.5, 1.0, 1.5, 2.0) for ms in
+      (300, 500, 700)],
+    *[("floor", float(ms), 0.0) for ms in (200, 300, 400, 500, 600, 700)],
+)
+"""``--done-wait``'s candidates: (kind, wait_ms, prosody threshold in log-odds)."""
+
+
+def done_wait_methods(settings: TurnSettings, text: TextSource) -> list[tuple[str, Method]]:
+    out = []
+    for kind, ms, thr in DONE_WAIT_GRID:
+        def make(kind: str = kind, ms: float = ms, thr: float = thr) -> TurnDetector:
+            return _DoneWaitDetector(settings, kind, ms, thr)
+
+        label = (f"text_done and prosody log-odds >= {thr:g}: wait <= {ms:g} ms"
+                 if kind == "cap" else f"text_done: wait floor {ms:g} ms")
+        out.append((label, detector_method(settings, text, make)))
+    return out
 
 
 def detector_method(settings: TurnSettings, text: TextSource | None = None,
@@ -752,6 +798,12 @@ def auc(rows: Sequence[tuple[tuple[float, ...], bool]], weights: ProsodyWeights)
     return float(np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg]))
 
 
+def fit_key(o: Outcome, max_false: float = 0.02) -> tuple[float, float]:
+    """What a fit minimises: the audible false ends on pauses of at most 1 s, counted only
+    above ``max_false``, then the median delay."""
+    return max(o.audible_1s / max(1, o.pauses_1s), max_false), _pct(o.delays, 50)
+
+
 def fit_waits(scored: Sequence[Scored], base: TurnSettings,
               max_false: float = 0.02) -> TurnSettings:
     """The (min_wait_ms, max_wait_ms) with the lowest median delay whose audible false ends on
@@ -762,9 +814,7 @@ def fit_waits(scored: Sequence[Scored], base: TurnSettings,
             if hi < lo:
                 continue
             st = replace(base, min_wait_ms=float(lo), max_wait_ms=float(hi))
-            o = evaluate(scored, detector_method(st))
-            rate = o.audible_1s / max(1, o.pauses_1s)
-            key = (max(rate, max_false), _pct(o.delays, 50))
+            key = fit_key(evaluate(scored, detector_method(st)), max_false)
             if best is None or key < best[:2]:
                 best = (*key, st)
     assert best is not None
@@ -838,7 +888,8 @@ def fit_model(train: Sequence[Scored], base: TurnSettings | None = None) -> dict
 
 FIT_LAG_MS = 250.0
 """The fit's train figures with text give the detector each word this long after its aligned
-end (a streaming recogniser's lag: bench/_openai_stub.py's word per 250 ms)."""
+end (a streaming recogniser's lag; bench.turns' stub sends each word's partial this long after
+its end, ``Latencies.partial_lag_ms``)."""
 
 
 TURN_SOURCE = Path(__file__).resolve().parent.parent / "vad" / "_turn.py"
@@ -959,6 +1010,18 @@ class SmartTurn:
         return run
 
 
+def _print_splits(scored: Sequence[Scored], methods: Sequence[tuple[str, Method]], title: str,
+                  key: str, report: dict[str, Any]) -> None:
+    """Each method's row on the train, then the check turns; figures in ``report[split+key]``."""
+    for split in ("train", "check"):
+        part = [sc for sc in scored if sc.case.split == split]
+        print(f"\n## {split} voices, {title}\n\n{HEADER}")
+        for name, m in methods:
+            o = evaluate(part, m)
+            print(row(name, o), flush=True)
+            report.setdefault(f"{split}{key}", {})[name] = _figures(o)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.turn_end",
                                  description=__doc__.split("\n")[0])
@@ -978,7 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also score the prosody detector with these turn.patience values")
     ap.add_argument("--lag-ms", type=float, default=250.0,
                     help="the streaming recogniser's lag: a word reaches the detector this long "
-                    "after its aligned end (default 250, as bench/_openai_stub.py)")
+                    "after its aligned end (default 250, as bench.turns' stub)")
     ap.add_argument("--asr-ms", type=float, default=0.0,
                     help="pocketsphinx text reaches the detector this long after the silence "
                     "onset it was decoded at (default 0: as if it decoded as the audio came)")
@@ -991,6 +1054,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "the text cue (an experiment: fitted on train, reported on both)")
     ap.add_argument("--lm-waits", type=float, nargs=2, action="append", default=[],
                     metavar=("MIN", "MAX"), help="with --lm: also these waits (repeatable)")
+    ap.add_argument("--done-wait", action="store_true",
+                    help="also try a shorter wait where the text and the prosody both say done "
+                    "(an experiment: candidates picked on train as --fit picks, reported on both)")
     ap.add_argument("--align", action="store_true",
                     help="force-align the labels' texts and write bench/data/turn_words.json")
     ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
@@ -1112,13 +1178,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                detector_method(st, aligned_text(lag), make)))
         print(f"\n# end-of-sentence LM: weight {lm_w} per log10, centre {lm_c} (fitted on "
               "train, text_done off)")
-        for split in ("train", "check"):
-            part = [sc for sc in scored if sc.case.split == split]
-            print(f"\n## {split} voices, end-of-sentence LM\n\n{HEADER}")
-            for name, m in lm_methods:
-                o = evaluate(part, m)
-                print(row(name, o), flush=True)
-                report.setdefault(f"{split}_lm", {})[name] = _figures(o)
+        _print_splits(scored, lm_methods, "end-of-sentence LM", "_lm", report)
+    if args.done_wait:
+        train_part = [sc for sc in scored if sc.case.split == "train"]
+        shipped = (f"prosody + text {lag:g} ms late (shipped)",
+                   detector_method(settings, aligned_text(lag)))
+        candidates = [shipped, *done_wait_methods(settings, aligned_text(lag))]
+        keys = {name: fit_key(evaluate(train_part, m)) for name, m in candidates}
+        pick = min(keys, key=lambda name: keys[name])
+        print(f"\n# --done-wait: picked on train as --fit picks (heard false ends on pauses <= "
+              f"1 s, counted above 2%, then the median delay): {pick}")
+        _print_splits(scored, candidates, "shorter waits where text and prosody say done",
+                      "_done_wait", report)
     if not args.no_pocketsphinx:
         recogniser = PrefixRecogniser(args.asr_ms)
         if args.asr_cache is not None and args.asr_cache.exists():

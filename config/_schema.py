@@ -134,6 +134,11 @@ def _import_ref(value: str) -> str:
     return value
 
 
+def _off_is_off(value: Any) -> Any:
+    # YAML 1.1 reads a bare `off` as false: `echo_canceller: off` means what it says.
+    return "off" if value is False else value
+
+
 OptStr = Annotated[str | None, BeforeValidator(_empty_to_none)]
 OptSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
 E164 = Annotated[str, AfterValidator(_check_e164)]
@@ -302,18 +307,12 @@ class BargeInConfig(_Model):
     (``bench/load.py --chunk-ms``)."""
     dtmf_interrupts: bool = True
     """A key press interrupts an interruptible utterance like speech does."""
-    echo_canceller: Literal["aec3", "off"] = "aec3"
+    echo_canceller: Annotated[Literal["aec3", "off"], BeforeValidator(_off_is_off)] = "aec3"
     """WebRTC AEC3 in front of the VAD while bot audio can be echoing (``vad/_aec.py``), or
     ``off``: the echo gate alone, the decision before issue #12 (docs/bargein.md compares
     them)."""
     speech_over_uninterruptible: Literal["keep", "drop"] = "keep"
     """What the caller said over a non-interruptible utterance: keep it as a turn, or drop it."""
-
-    @field_validator("echo_canceller", mode="before")
-    @classmethod
-    def _off_is_off(cls, value: Any) -> Any:
-        # YAML 1.1 reads a bare `off` as false: `echo_canceller: off` means what it says.
-        return "off" if value is False else value
 
     @model_validator(mode="after")
     def _check_hysteresis(self) -> BargeInConfig:
@@ -350,6 +349,11 @@ class TurnConfig(_Model):
     """With ``stt.transport: realtime``: at ``early_ms`` send the partial transcript at once
     (the reply starts without waiting for the final); a final that differs drops the reply
     and makes it again from the final."""
+    text_cues: Annotated[Literal["english", "off"], BeforeValidator(_off_is_off)] = "english"
+    """How partial transcripts are read: ``english`` word lists (a trailing "and"/"um" waits,
+    a bare "yes" or digits answer at once, any other last word shortens the wait), or ``off``:
+    not read, the turn end from prosody alone. ``english`` needs an English ``stt.language``;
+    set ``off`` for any other language."""
 
     @model_validator(mode="after")
     def _check_waits(self) -> TurnConfig:
@@ -573,6 +577,15 @@ class AgentConfig(_Model):
                         )
                     )
         _raise_problems(problems)
+        return self
+
+    @model_validator(mode="after")
+    def _check_text_cues(self) -> AgentConfig:
+        language = self.stt.language
+        if self.turn.text_cues == "english" and language.split("-")[0].lower() != "en":
+            message = (f"the text cues' word lists are English and stt.language is "
+                       f"{language!r}: set `text_cues: off` (the turn end from prosody alone)")
+            _raise_problems([(("turn", "text_cues"), message)])
         return self
 
     def _scripts(self) -> Iterable[tuple[SubPath, list[ScriptRule]]]:

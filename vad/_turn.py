@@ -15,7 +15,7 @@ waits for a silence whose length depends on how *finished* the last voiced stret
   one that ends on any other word (a sentence can end there) raises ``p_end`` (fitted: with
   it the held-out AUC is 0.84 against the prosody's 0.74, on pauses cut at energy dips, mostly
   inside words; 0.77 against 0.79 on pauses cut at word gaps: docs/turns.md). The word lists
-  are English.
+  are English: ``text_cues: off`` (callers in another language) leaves the text out.
 
 From these an end-of-turn estimate ``p_end`` in [0, 1] (a logistic model whose weights were fitted
 on one split of voices and checked on another: docs/turns.md) sets the silence to wait for::
@@ -145,6 +145,13 @@ class TurnSettings:
     end); if the final then differs, the reply is dropped and made again from the final."""
     short_turn_ms: float = 700.0
     """A turn with at most this much speech counts as a short answer (see ProsodyWeights)."""
+    text_cues: Literal["english", "off"] = "english"
+    """Which word lists read the partial transcripts (``CONTINUATION_WORDS``,
+    ``COMPLETE_ANSWERS`` and, for any other last word, ``ProsodyWeights.text_done``):
+    ``english``, the only lists there are; ``off``: partials are not read, and the turn end is
+    the prosody model's alone, as without a streaming recogniser. ``off`` for callers in any
+    other language: to the English lists nearly every last word of theirs ("... und", "...
+    que") is a word a sentence can end on, so every partial would shorten the wait."""
     weights: ProsodyWeights = field(default_factory=ProsodyWeights)
     """The end-of-turn model's weights (fitted; change only with a new fit)."""
 
@@ -153,6 +160,8 @@ class TurnSettings:
             raise ValueError("turn.patience must be > 0")
         if not 0 <= self.min_wait_ms <= self.max_wait_ms:
             raise ValueError("turn: need 0 <= min_wait_ms <= max_wait_ms")
+        if self.text_cues not in ("english", "off"):
+            raise ValueError(f"turn.text_cues must be 'english' or 'off', got {self.text_cues!r}")
 
 
 class TurnState(enum.Enum):
@@ -336,9 +345,10 @@ class TurnDetector:
         short = self._speech_ms <= s.short_turn_ms
         z = w.bias + w.pitch_position * position + w.pitch_slope * slope
         z += w.short_turn if short else 0.0
-        hold = _ends_unfinished(self._text)
-        answer = _complete_answer(self._text)
-        done = not hold and not answer and _WORD.search(self._text.lower()) is not None
+        text = self._text if s.text_cues == "english" else ""
+        hold = _ends_unfinished(text)
+        answer = _complete_answer(text)
+        done = not hold and not answer and _WORD.search(text.lower()) is not None
         z += w.text_done if done else 0.0
         p_end = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
         if s.mode == "silence":

@@ -25,7 +25,7 @@ BARGE_IN_CHANGES: dict[str, Any] = {
 TURN_CHANGES: dict[str, Any] = {
     "mode": "silence", "patience": 1.5, "min_wait_ms": 600.0, "max_wait_ms": 3000.0,
     "text_wait_ms": 1200.0, "silence_ms": 900.0, "early_ms": 0.0, "answer_wait_ms": 500.0,
-    "speculate": True,
+    "speculate": True, "text_cues": "off",
 }
 
 

@@ -31,6 +31,7 @@ def test_turn_section_reaches_the_call_settings() -> None:
         ("{max_wait_ms: 200}", "agents.support.turn.max_wait_ms", "at least min_wait_ms"),
         ("{patience: 0}", "agents.support.turn.patience", "greater than 0"),
         ("{mode: timer}", "agents.support.turn.mode", "prosody"),
+        ("{text_cues: german}", "agents.support.turn.text_cues", "'english' or 'off'"),
     ],
 )
 def test_bad_turn_settings_name_file_line_and_field(section: str, field: str, needle: str) -> None:
@@ -38,3 +39,21 @@ def test_bad_turn_settings_name_file_line_and_field(section: str, field: str, ne
         parse_config(BASE + f"    turn: {section}\n", source="inline.yaml")
     text = str(err.value)
     assert "inline.yaml:5" in text and field in text and needle in text
+
+
+def test_text_cues_off_reaches_the_detector_and_another_language_needs_it() -> None:
+    """A bare YAML ``off`` is the string, not false; an agent whose speech to text is not in
+    English must say ``text_cues: off`` (the word lists are English), and is told where."""
+    german = BASE + "    stt: {language: de-DE}\n"
+    agent = parse_config(german + "    turn: {text_cues: off}\n",
+                         source="inline.yaml").agents["support"]
+    assert agent.turn.text_cues == "off"
+    assert call_settings_from(agent.barge_in, agent.turn).turn.text_cues == "off"
+    assert TurnSettings().text_cues == "english"
+    with pytest.raises(ConfigError) as err:
+        parse_config(german + "    turn: {patience: 1.2}\n", source="inline.yaml")
+    text = str(err.value)
+    assert "inline.yaml:6" in text and "agents.support.turn.text_cues" in text
+    assert "'de-DE'" in text and "text_cues: off" in text
+    en_gb = parse_config(BASE + "    stt: {language: en-GB}\n", source="inline.yaml")
+    assert en_gb.agents["support"].turn.text_cues == "english"

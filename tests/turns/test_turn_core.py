@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -148,6 +149,31 @@ def test_a_partial_ending_where_a_sentence_can_end_raises_p_end_by_text_done() -
     hold, answer = got["I want to pay and"][1], got["yes"][1]
     assert hold is not None and hold.text_hold and not hold.text_done
     assert answer is not None and answer.text_answer and not answer.text_done
+
+
+def test_with_text_cues_off_a_partial_changes_nothing() -> None:
+    """``text_cues: off`` (callers in another language): no partial adds ``text_done``, holds
+    the turn or ends it as an answer; every turn end and estimate is the one without partials.
+    With the English lists a German partial's last word is one they do not know, so it counts
+    as a word a sentence can end on and shortens the wait: what ``off`` is for."""
+    english = TurnSettings(min_wait_ms=300, max_wait_ms=2400,
+                           weights=ProsodyWeights(text_done=1.0))
+    off = replace(english, text_cues="off")
+    sig = _voice(150, 150, 1500)
+    plain = TurnDetector(off)
+    plain_at = _end_after_transcript(plain, sig, "")
+    assert plain_at is not None and plain.estimate is not None
+    german = "ich möchte meinen Kontostand"
+    for text in (german, "I want to pay", "I want to pay and", "yes", "four one two"):
+        det = TurnDetector(off)
+        assert _end_after_transcript(det, sig, text) == plain_at, text
+        assert det.estimate == plain.estimate, text
+    det = TurnDetector(english)
+    english_at = _end_after_transcript(det, sig, german)
+    assert det.estimate is not None and det.estimate.text_done
+    assert english_at is not None and english_at < plain_at - 200
+    with pytest.raises(ValueError, match="text_cues"):
+        TurnSettings(text_cues="german")  # type: ignore[arg-type]
 
 
 def test_patience_scales_the_wait_and_a_short_answer_is_quick() -> None:

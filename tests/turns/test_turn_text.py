@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench import turn_end
-from vad._turn import TurnSettings
+from vad._turn import TurnDetector, TurnSettings
 
 # TIMIT's hand-labelled word boundaries of its sample sentence (LDC93S1, FCJF0 SA1: the
 # dev voice timit_ldc93s1), in samples at 16 kHz, as TIMIT's .WRD file gives them.
@@ -84,7 +84,8 @@ def _buzz(ms: float) -> np.ndarray:
 def test_the_words_reach_the_detector_and_hold_it_through_a_pause() -> None:
     """A turn "I want to pay the | bill" with a 704 ms pause after "the": with short waits and no
     text the turn ends in the pause; with the words (250 ms late) "the" holds it, and the end
-    after "bill" comes from the same detector (its text given again after the pause)."""
+    after "bill" comes from the same detector (its text given again after the pause). With
+    ``text_cues: off`` the words change nothing."""
     audio = np.concatenate([_buzz(1536), np.zeros(704 * 8, np.float32), _buzz(512),
                             np.zeros(3000 * 8, np.float32)])
     speech = [k < 48 or 70 <= k < 86 for k in range(len(audio) // 256)]
@@ -98,6 +99,10 @@ def test_the_words_reach_the_detector_and_hold_it_through_a_pause() -> None:
     text = turn_end.evaluate([sc], turn_end.detector_method(quick, turn_end.aligned_text(250)))
     assert text.false_ends_1s == 0
     assert text.delays and 300 <= text.delays[0] <= 400 + 32 + 250
+    # text_cues: off: the same partials, and the decisions of no partials at all.
+    off = replace(quick, text_cues="off")
+    ignored = turn_end.evaluate([sc], turn_end.detector_method(off, turn_end.aligned_text(250)))
+    assert ignored.false_ends_1s == 1 and ignored.delays == plain.delays
 
 
 @pytest.mark.slow
@@ -149,3 +154,32 @@ def test_the_text_weight_is_not_fitted_without_words() -> None:
     for rows in ([], no_words):
         with pytest.raises(SystemExit, match="no transcripts"):
             turn_end.fit_text_weight(rows, ProsodyWeights())
+
+
+def test_the_done_wait_experiment_shortens_only_where_text_and_prosody_say_done() -> None:
+    """bench.turn_end --done-wait (tried and dropped: docs/turns.md): ``cap`` waits at most its
+    wait where the partial ends on a word a sentence can end on and the prosody's own log-odds
+    reach the threshold; a trailing "and", or prosody under the threshold, keeps the wait;
+    ``floor`` lowers the wait's floor for such a partial only."""
+    eager = TurnSettings(weights=replace(TurnSettings().weights, bias=3.0), early_ms=0)
+
+    def wait(text: str, det: TurnDetector) -> float:
+        """The wait after 1.5 s of voice with ``text`` as the partial at its end."""
+        det.feed(_buzz(1536))
+        for k in range(48):
+            det.step(True, (k + 1) * 256)
+        det.set_transcript(text)
+        det.step(False, 49 * 256)
+        assert det.estimate is not None
+        return det.estimate.wait_ms
+
+    def done_wait(kind: str, text: str, threshold: float = 0.0) -> float:
+        return wait(text, turn_end._DoneWaitDetector(eager, kind, 400.0, threshold))
+
+    plain = wait("I want to pay", TurnDetector(eager))
+    assert plain > 400
+    assert done_wait("cap", "I want to pay") == 400.0
+    assert done_wait("cap", "I want to pay", threshold=10.0) == plain
+    assert done_wait("cap", "I want to pay and") >= eager.text_wait_ms
+    assert 400 < done_wait("floor", "I want to pay") < plain
+    assert done_wait("floor", "I want to pay and") >= eager.text_wait_ms
