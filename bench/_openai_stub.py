@@ -3,8 +3,9 @@
 
 * ``POST /v1/audio/transcriptions`` (multipart, as the SDK sends it): ``{"text": ...}`` after
   ``stt_ms`` (the file is read in full first, so the clock starts when the upload is done):
-  always :attr:`OpenAIStub.TRANSCRIPT` (an upload comes at the turn's end: its words cannot move
-  the turn end, and the stub LLM's reply does not read them).
+  always :attr:`OpenAIStub.TRANSCRIPT` (the stub LLM's reply does not read it; the gateway's
+  turn detector does, when the upload, sent at ``turn_likely``, comes back during the wait: a
+  callgate row run with ``--stt upload`` reads this stand-in, not the caller's words).
 * ``GET /v1/realtime?intent=transcription`` (WebSocket, OpenAI's Realtime transcription
   protocol): the caller's own words, as a streaming model would hear them. The session's first
   100 ms of audio are found byte for byte in one of the recordings it was given
@@ -172,7 +173,12 @@ class OpenAIStub:
                 if script is None and received >= LOCATE_MS:
                     script = self._locate(session, bytes(audio), final=received >= LOCATE_MAX_MS)
                 if script:
-                    await deltas(sum(1 for _, due, _ in script if due <= received))
+                    # Words go out in order, each once it is due (a word overlapping the one
+                    # before it waits for it).
+                    due = sent
+                    while due < len(script) and script[due][1] <= received:
+                        due += 1
+                    await deltas(due)
             elif kind == "input_audio_buffer.commit":
                 await send("input_audio_buffer.committed", item_id="item_1",
                            previous_item_id=None)

@@ -88,6 +88,8 @@ class TurnLatency:
     partials: list[str]
     """The partial transcripts the stub streamed in the turn (its realtime sessions that began
     from 1 s before the turn's first word to its last), in order: the detector's text."""
+    text_done: bool
+    """The gateway's ``turn_end`` said the detector read a finished text (``text_done``)."""
 
 
 def _turn_spans(name: str) -> list[tuple[float, float]]:
@@ -154,7 +156,7 @@ def _measure(name: str, events: list[dict[str, Any]], providers_ms: float,
         partials = [text for ss in sessions if ss.recording == name
                     and start - 1000 <= ss.offset_ms < end for _, text in ss.partials]
         out.append(TurnLatency(name, end, first - end, t_end - end, first - floor, stages,
-                               partials))
+                               partials, bool(turn_end.get("text_done", False))))
     return out
 
 

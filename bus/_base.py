@@ -31,6 +31,7 @@ acks, downlink writes, context saves), ``uplink()`` raises ``OwnershipLostError`
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import AsyncIterator
 import itertools
 import json
@@ -291,6 +292,13 @@ def parse_stream_id(message_id: str) -> tuple[int, int]:
     """``"<ms>-<seq>"`` -> (ms, seq), for ordering message ids."""
     ms, _, seq = message_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+class _Accepted(enum.Enum):
+    """What a bus's ``_accept`` of an uplink entry returns besides a message or None (an enum,
+    so the type checker narrows on it)."""
+
+    END = "end"  # the call's end marker
 
 
 class SeenWindow:

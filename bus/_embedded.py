@@ -25,7 +25,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import protocol
-from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
+from ._base import (
+    Bus,
+    BusMessage,
+    CallInfo,
+    Event,
+    SeenWindow,
+    _Accepted,
+    check_name,
+    parse_stream_id,
+)
 from ._errors import BusClosedError, CallOwnershipError, OwnershipLostError
 
 _Packed = tuple[str, protocol.Binaries]
@@ -391,8 +400,3 @@ class EmbeddedBus(Bus):
         result: dict[str, Any] = json.loads(call.ctx)
         return result
 
-
-class _Accepted(enum.Enum):
-    """What `_accept` returns besides a message (an enum, so the type checker narrows on it)."""
-
-    END = "end"  # the call's end marker

@@ -124,7 +124,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
 from . import protocol
-from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
+from ._base import (
+    Bus,
+    BusMessage,
+    CallInfo,
+    Event,
+    SeenWindow,
+    _Accepted,
+    check_name,
+    parse_stream_id,
+)
 from ._errors import (
     BusClosedError,
     BusUnavailableError,
@@ -316,12 +325,6 @@ _PLAIN: dict[str, Callable[..., list[tuple[Any, ...]]]] = {
 
 _LOST = object()  # uplink queue sentinel: another worker took the call
 _CLOSED = object()  # queue sentinel: the bus is closing
-class _Accepted(enum.Enum):
-    """What `_accept` returns besides a message (an enum, so the type checker narrows on it)."""
-
-    END = "end"  # the call's end marker
-
-
 
 # A stream entry of an event: field ``e``, the JSON text of ``protocol.pack``, and one field
 # ``b:<name>`` per bytes field (``Audio.payload``: ``b:payload``) holding the raw bytes. A 1.0

@@ -581,11 +581,22 @@ class AgentConfig(_Model):
 
     @model_validator(mode="after")
     def _check_text_cues(self) -> AgentConfig:
-        language = self.stt.language
-        if self.turn.text_cues == "english" and language.split("-")[0].lower() != "en":
-            message = (f"the text cues' word lists are English and stt.language is "
-                       f"{language!r}: set `text_cues: off` (the turn end from prosody alone)")
-            _raise_problems([(("turn", "text_cues"), message)])
+        # The turn detector's word lists are English (vad/_turn.py). pocketsphinx's model is
+        # English whatever `language` says, so only a recogniser told another language (or
+        # none: it detects one) can feed them words they misread.
+        if self.turn.text_cues != "english" or self.stt.provider == "pocketsphinx":
+            return self
+        language = self.stt.language.strip()
+        if not language:
+            message = ("is empty (the recogniser detects the language), and turn.text_cues "
+                       "reads English word lists: name an English language (en-US) or set "
+                       "turn.text_cues: off (the turn end from prosody alone)")
+        elif re.split(r"[-_]", language)[0].lower() != "en":
+            message = (f"{language!r} is not English, and turn.text_cues reads English word "
+                       "lists: set turn.text_cues: off (the turn end from prosody alone)")
+        else:
+            return self
+        _raise_problems([(("stt", "language"), message)])
         return self
 
     def _scripts(self) -> Iterable[tuple[SubPath, list[ScriptRule]]]:

@@ -148,10 +148,11 @@ class TurnSettings:
     text_cues: Literal["english", "off"] = "english"
     """Which word lists read the partial transcripts (``CONTINUATION_WORDS``,
     ``COMPLETE_ANSWERS`` and, for any other last word, ``ProsodyWeights.text_done``):
-    ``english``, the only lists there are; ``off``: partials are not read, and the turn end is
-    the prosody model's alone, as without a streaming recogniser. ``off`` for callers in any
-    other language: to the English lists nearly every last word of theirs ("... und", "...
-    que") is a word a sentence can end on, so every partial would shorten the wait."""
+    ``english``, the only lists there are; ``off``: no transcript is read (neither partials
+    nor a final back during the wait), and the turn end is the prosody model's alone. ``off``
+    for callers in any other language: to the English lists nearly every last word of theirs
+    ("... und", "... que") is a word a sentence can end on, so every partial would shorten the
+    wait."""
     weights: ProsodyWeights = field(default_factory=ProsodyWeights)
     """The end-of-turn model's weights (fitted; change only with a new fit)."""
 

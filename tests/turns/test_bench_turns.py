@@ -55,13 +55,15 @@ def test_bench_turns_measures_both_methods(
             # stamps these, runs behind the stub's wall-clock sleeps.)
     timer = report[timer_name]
     assert all(r["decide_ms"] >= 700 - 160 for r in timer)  # the timer counts from the last window
-    # The detector read the caller's own words: none in the turn without a text (spk1_snt6),
-    # TIMIT's sentence word by word in the other; every realtime session was placed.
+    # The stub streamed the caller's own words: none in the turn without a text (spk1_snt6),
+    # TIMIT's sentence word by word in the other; every realtime session was placed; and the
+    # gateway's detector read a finished text there (its turn_end says text_done).
     said = [w for w, _, _ in json.loads(turn_end.WORDS_FILE.read_text())[
         "turn_gap_then_barge_in@8420"]]
     unlabelled, timit = report[callgate]
     assert unlabelled["partials"] == []
     assert timit["partials"] == [" ".join(said[:k + 1]) for k in range(len(said))]
+    assert timit["text_done"] is True
     row = next(line for line in printed.splitlines() if line.startswith(f"| {callgate} |"))
     found, sessions = row.rstrip(" |").rsplit("|", 1)[1].split(" / ")
     assert int(found) == int(sessions) >= 2

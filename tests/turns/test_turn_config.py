@@ -44,7 +44,7 @@ def test_bad_turn_settings_name_file_line_and_field(section: str, field: str, ne
 def test_text_cues_off_reaches_the_detector_and_another_language_needs_it() -> None:
     """A bare YAML ``off`` is the string, not false; an agent whose speech to text is not in
     English must say ``text_cues: off`` (the word lists are English), and is told where."""
-    german = BASE + "    stt: {language: de-DE}\n"
+    german = BASE + "    stt: {provider: openai, language: de-DE}\n"
     agent = parse_config(german + "    turn: {text_cues: off}\n",
                          source="inline.yaml").agents["support"]
     assert agent.turn.text_cues == "off"
@@ -53,7 +53,16 @@ def test_text_cues_off_reaches_the_detector_and_another_language_needs_it() -> N
     with pytest.raises(ConfigError) as err:
         parse_config(german + "    turn: {patience: 1.2}\n", source="inline.yaml")
     text = str(err.value)
-    assert "inline.yaml:6" in text and "agents.support.turn.text_cues" in text
-    assert "'de-DE'" in text and "text_cues: off" in text
-    en_gb = parse_config(BASE + "    stt: {language: en-GB}\n", source="inline.yaml")
-    assert en_gb.agents["support"].turn.text_cues == "english"
+    assert "inline.yaml:5" in text and "agents.support.stt.language" in text
+    assert "'de-DE' is not English" in text and "text_cues: off" in text
+    # English however it is written; none at all (the recogniser detects one) is asked for.
+    for english in ("en-GB", "en_US", "' en-US'", "EN"):
+        cfg = parse_config(BASE + f"    stt: {{provider: openai, language: {english}}}\n",
+                           source="inline.yaml")
+        assert cfg.agents["support"].turn.text_cues == "english", english
+    with pytest.raises(ConfigError) as err:
+        parse_config(BASE + "    stt: {provider: openai, language: ''}\n", source="inline.yaml")
+    assert "agents.support.stt.language" in str(err.value) and "is empty" in str(err.value)
+    # pocketsphinx's model is English whatever the language says: its words fit the lists.
+    offline = parse_config(BASE + "    stt: {language: de-DE}\n", source="inline.yaml")
+    assert offline.agents["support"].turn.text_cues == "english"
