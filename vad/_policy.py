@@ -263,7 +263,7 @@ class BargeInSettings:
     """The percentile of the last second's levels before the bot's audio came into the echo's
     lag range that is the line's background (``explain_background_db``, ``background_db``):
     100 is its loudest window (a TV's or babble's syllables, not their median)."""
-    background_db: float | None = 12.0
+    background_db: float | None = 9.0
     """Every path but the voiced-band one (which has its own per-bin floor) needs a window this
     far over that background while bot audio is in the echo's lag range: a TV or babble passes
     the raw gate's 6 dB over the noise median with its louder syllables, and AEC3 leaves it in;
