@@ -90,6 +90,11 @@ VARIANTS: dict[str, Variant] = {
             "echo.noise_margin_db": -1000.0,
             "echo.min_level_dbfs": -1000.0,
             "echo_canceller": "off",  # no AEC3 in front either (vad/_aec.py)
+            # Nor the policy's paths and floors past Silero: the envelope path (with its
+            # voicing alternative it hears windows Silero is under p_on on) and the background
+            # floor (it holds windows Silero calls speech).
+            "barge_in.explain_share_db": None,
+            "barge_in.background_db": None,
         },
         "Silero p >= 0.5 for 2 windows stops the bot; no gate; no resume",
     ),

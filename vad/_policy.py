@@ -16,7 +16,10 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    margins over the predicted echo and the noise floor (``clean_echo_db``, ``clean_noise_db``).
    A fifth needs neither a locked delay nor a converged canceller: while the bot
    talks, a window Silero calls speech whose energy the bot's own delayed envelope leaves all but
-   unexplained (``explain_share_db``, ``GateReading.unexplained_db``).
+   unexplained (``explain_share_db``, ``GateReading.unexplained_db``). Whichever path hears it,
+   while the bot talks a window must stand ``background_db`` over the loudest of what was on
+   the line in the second before the bot's audio came in (a TV or babble was there first; the
+   voiced-band path keeps its own per-bin floor).
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -227,17 +230,20 @@ class BargeInSettings:
     None: off."""
     explain_noise_db: float = 9.0
     """... if that unexplained energy stands this far over the noise floor."""
-    explain_voicing_min: float = 1.1
+    explain_voicing_min: float = 0.6
     """... or, where Silero is under ``p_on``, if the window is voiced this clearly (Silero
     stays at 0.1-0.3 for the first 100-300 ms of a caller talking over the bot's first words,
-    while their vowels are voiced 0.6-0.9). Over 1: Silero alone (hold music is voiced too:
-    with 0.6 closed-loop train replays stop the bot for it in its first turn)."""
+    while their vowels are voiced 0.6-0.9). Over 1: Silero alone. Hold music is voiced too:
+    without ``background_db`` closed-loop train replays stopped the bot for it in its first turn
+    (seed 3, 1-2 of 4 calls); with it none did (seeds 1 and 3), and barge-ins in the bot's
+    first 200 ms came sooner (train seed 1: 290/747 -> 187/353 ms p50/p95)."""
     explain_background_db: float | None = 6.0
     """... and this far over the line's background as it was just before the bot's audio came
-    into the echo's lag range (the upper quartile of the levels of the last second of windows
-    without it): a TV, babble or hold music is on the line before the bot talks, a barge-in in
-    its first words is not (without it the path let babble and hold music stop the bot in its
-    first turn: check false interrupts 6 -> 9, with it 6). None: no such floor."""
+    into the echo's lag range (the ``background_pct`` percentile of the levels of the last
+    second of windows without it): a TV, babble or hold music is on the line before the bot
+    talks, a barge-in in its first words is not (without it the path let babble and hold
+    music stop the bot in its first turn: check false interrupts 6 -> 9, with it 6). None: no
+    such floor."""
     explain_until_ms: float | None = None
     """... and only until the bot's audio has been in the echo's lag range this long on the
     call in all (the first turn, before AEC3 converges and the gate locks the delay; later the
@@ -246,6 +252,25 @@ class BargeInSettings:
     """A window the other paths call the caller is the bot's echo after all where all but this
     much of its energy is explained by the bot's lagged envelope (``unexplained_db`` more than
     this under the level) and the line is not known to be echo-free. None: no such veto."""
+    explain_floor_pct: float | None = 75.0
+    """The noise floor the unexplained-energy path's ``explain_noise_db`` measures against: this
+    percentile of ``GateReading.unexplained_db`` over the last 2 s of windows where nobody
+    talked, where it is under the gate's floor (a median of the inbound itself, which on a
+    strong echo line learns the echo: 6 dB ERL, floor -30 dBFS over a -61 dBFS room tone). What
+    the bot's envelope explains is no noise; a background (a TV, babble) is not explained and is
+    learnt as before. None: the gate's floor."""
+    background_pct: float = 100.0
+    """The percentile of the last second's levels before the bot's audio came into the echo's
+    lag range that is the line's background (``explain_background_db``, ``background_db``):
+    100 is its loudest window (a TV's or babble's syllables, not their median)."""
+    background_db: float | None = 9.0
+    """Every path but the voiced-band one (which has its own per-bin floor) needs a window this
+    far over that background while bot audio is in the echo's lag range: a TV or babble passes
+    the raw gate's 6 dB over the noise median with its louder syllables, and AEC3 leaves it in;
+    it was on the line before the bot talked, a caller's barge-in was not. None: off."""
+    background_caller_db: float | None = 18.0
+    """... and that background is never taken over this far under the caller's own level
+    (``caller_db``, once they have talked a real turn). None: no such cap."""
 
 
 class BotState(enum.Enum):
@@ -404,7 +429,9 @@ class BargeInPolicy:
         self._echo_windows = 0  # windows in a row with bot audio in the echo's lag range
         self._echo_total = 0  # windows with bot audio in the echo's lag range, on the call
         self._silent_levels: deque[float] = deque(maxlen=31)  # levels, no bot audio in range
-        self._background_db: float | None = None  # their upper quartile, when the bot came in
+        self._background_db: float | None = None  # their background_pct, when the bot came in
+        self._unexplained_idle: deque[float] = deque(maxlen=62)  # unexplained_db, nobody talking
+        self._floor_db: float | None = None  # their percentile (explain_floor_pct), cached
 
     @property
     def gate_may_adapt(self) -> bool:
@@ -426,6 +453,22 @@ class BargeInPolicy:
     def is_caller(self, prob: float, gate: GateReading, feat: WindowFeatures,
                   clean_prob: float | None = None) -> bool:
         """Step 1 of the module docstring: does this window sound like the caller talking?"""
+        if not self._any_path(prob, gate, feat, clean_prob):
+            return False
+        return not self._under_background(gate, feat)
+
+    def _under_background(self, gate: GateReading, feat: WindowFeatures) -> bool:
+        """``background_db``: while bot audio is in the echo's lag range, the window is not that
+        far over what was on the line before it came in (a TV, babble: they were there first),
+        and it is not the voiced-band path's (which has its own per-bin floor)."""
+        margin = self.settings.background_db
+        return (margin is not None and self._background_db is not None
+                and gate.ref_db > _NO_ECHO_DB
+                and gate.level_db < self._background_floor() + margin
+                and not self._band_caller(gate, feat))
+
+    def _any_path(self, prob: float, gate: GateReading, feat: WindowFeatures,
+                  clean_prob: float | None) -> bool:
         if self._unexplained_caller(prob, gate, feat):
             return True
         if not self._is_caller(prob, gate, feat):
@@ -462,9 +505,29 @@ class BargeInPolicy:
             return False
         if gate.level_db - gate.unexplained_db > min(s.explain_share_db, EXPLAIN_CANDIDATE_DB):
             return False
-        if gate.unexplained_db - gate.noise_db < s.explain_noise_db:
+        if gate.unexplained_db - self._explain_floor(gate) < s.explain_noise_db:
             return False
         return not self._under_caller_margin(gate)
+
+    def _background_floor(self) -> float:
+        """The line's background for ``background_db``: what was on the line before the bot's
+        audio came in, but never over ``background_caller_db`` under the caller's own level
+        (a caller who answered in the bot's silence is no background)."""
+        assert self._background_db is not None
+        cap = self.settings.background_caller_db
+        if cap is None or self.caller_db is None:
+            return self._background_db
+        return min(self._background_db, self.caller_db - cap)
+
+    def _explain_floor(self, gate: GateReading) -> float:
+        """The noise floor of the unexplained-energy path (``explain_floor_pct``)."""
+        pct = self.settings.explain_floor_pct
+        if pct is None or len(self._unexplained_idle) < 8:
+            return gate.noise_db
+        if self._floor_db is None:
+            levels = sorted(self._unexplained_idle)
+            self._floor_db = levels[min(len(levels) - 1, int(pct / 100 * len(levels)))]
+        return min(gate.noise_db, self._floor_db)
 
     def _under_caller_margin(self, gate: GateReading) -> bool:
         """The window is ``caller_margin_db`` or more under the level the caller was heard at."""
@@ -530,6 +593,12 @@ class BargeInPolicy:
                 return True
             if feat.voicing >= s.voiced_min and prob >= s.p_weak and feat.dtmf < s.dtmf_max:
                 return True
+        return self._band_caller(gate, feat)
+
+    def _band_caller(self, gate: GateReading, feat: WindowFeatures) -> bool:
+        """The voiced-band path: on an echo-free line, a voiced window whose upper speech band
+        stands ``band_snr_db`` over that band's own per-bin noise floor."""
+        s = self.settings
         return (
             gate.echo_free
             and gate.level_db >= s.band_min_level_dbfs
@@ -562,13 +631,17 @@ class BargeInPolicy:
         echoing = gate.ref_db > _NO_ECHO_DB
         self._echo_windows = self._echo_windows + 1 if echoing else 0
         self._echo_total += echoing
+        if echoing and self._echo_windows == 1 and self._silent_levels:
+            levels = sorted(self._silent_levels)
+            self._background_db = levels[min(len(levels) - 1,
+                                             int(s.background_pct / 100 * len(levels)))]
+        caller = self.is_caller(prob, gate, feat, clean_prob)
         if not echoing:
             self._silent_levels.append(gate.level_db)
-        elif self._echo_windows == 1 and self._silent_levels:
-            levels = sorted(self._silent_levels)
-            self._background_db = levels[(3 * len(levels)) // 4]
-        caller = self.is_caller(prob, gate, feat, clean_prob)
         self._caller_window = caller
+        if self.state is PolicyState.IDLE and not caller and s.explain_floor_pct is not None:
+            self._unexplained_idle.append(gate.unexplained_db)
+            self._floor_db = None
         speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
         out: list[Effect] = []
         self._run = self._run + 1 if caller else 0

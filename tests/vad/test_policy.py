@@ -373,7 +373,8 @@ FIRST_TURN_CALLER = GateReading(level_db=-22.0, echo_db=-26.0, noise_db=-40.0,
                                 echo_locked=False, passes=False, ref_db=-14.0, erl_db=12.0,
                                 echo_corr=1.0, unexplained_db=-22.5)
 EXPLAIN = BargeInSettings(explain_share_db=2.0, explain_noise_db=9.0, explain_voicing_min=0.6,
-                          explain_until_ms=960.0, explain_background_db=None)
+                          explain_until_ms=960.0, explain_background_db=None,
+                          explain_floor_pct=None, background_db=None, background_pct=75.0)
 
 
 def test_unexplained_path_hears_a_caller_in_the_bots_first_words() -> None:
@@ -452,3 +453,105 @@ def test_unexplained_path_stands_aside_for_a_background_there_before_the_bot() -
     unfloored = BargeInPolicy(EXPLAIN)
     _before_the_bot(unfloored, -30.0)
     assert unfloored.is_caller(0.98, tv, VOICED, clean_prob=0.05)
+
+
+# Session 8. A TV 15-25 dB under the caller, on the line before the bot talked: its loudest
+# window of that second was -30 dBFS. While the bot talks, one of its louder syllables passes the
+# raw gate (11 dB over the noise median, far over the predicted echo) and Silero calls it speech.
+TV_SYLLABLE = GateReading(level_db=-24.0, echo_db=-45.0, noise_db=-35.0, echo_locked=True,
+                          passes=True, ref_db=-25.0, erl_db=20.0, echo_corr=0.9,
+                          unexplained_db=-25.0)
+
+
+def _line_before_the_bot(policy: BargeInPolicy, levels: list[float]) -> None:
+    """The bot silent while the line carries ``levels`` (a window each), then the bot's first
+    window of audio in the echo's lag range (quiet: nothing the caller said)."""
+    for level in levels:
+        silent = replace(QUIET_LINE, level_db=level, noise_db=-40.0)
+        assert policy.step(0.1, silent, NOTHING, BotState.SILENT) == []
+    echo = replace(TV_SYLLABLE, level_db=-50.0, passes=False, unexplained_db=-70.0)
+    assert policy.step(0.1, echo, NOTHING, BotState.INTERRUPTIBLE, clean_prob=0.9) == []
+
+
+def test_every_path_stands_aside_for_a_background_there_before_the_bot() -> None:
+    """``background_db``: while the bot talks, a window must stand that far over the loudest
+    window of the second before it came in (``background_pct`` 100), whichever path heard it:
+    here the raw gate, which a TV's syllable passes. The caller 9 dB over it is heard; so is the
+    same syllable on a line that was quiet before the bot, and with the floor off."""
+    settings = BargeInSettings(background_db=9.0, background_pct=100.0)
+    tv_line = [-40.0] * 20 + [-30.0] + [-36.0] * 10
+    policy = BargeInPolicy(settings)
+    _line_before_the_bot(policy, tv_line)
+    assert not policy.is_caller(0.98, TV_SYLLABLE, VOICED, clean_prob=0.9)
+    assert [d for _ in range(10)
+            for d in policy.step(0.98, TV_SYLLABLE, VOICED, PLAYING, clean_prob=0.9)] == []
+    caller = replace(TV_SYLLABLE, level_db=-21.0, unexplained_db=-21.5)
+    assert policy.is_caller(0.98, caller, VOICED, clean_prob=0.9)
+    quiet = BargeInPolicy(settings)
+    _line_before_the_bot(quiet, [-62.0] * 31)
+    assert quiet.is_caller(0.98, TV_SYLLABLE, VOICED, clean_prob=0.9)
+    off = BargeInPolicy(replace(settings, background_db=None))
+    _line_before_the_bot(off, tv_line)
+    assert off.is_caller(0.98, TV_SYLLABLE, VOICED, clean_prob=0.9)
+    # With the bot's audio out of the lag range the floor does not apply (nothing to pause).
+    silent_bot = replace(TV_SYLLABLE, ref_db=-100.0, echo_db=-100.0)
+    assert policy.is_caller(0.98, silent_bot, VOICED)
+
+
+def test_the_background_is_never_the_callers_own_voice() -> None:
+    """``background_caller_db``: a caller who answered in the bot's silence left their own level
+    in that second; once their turn has taught the policy their level, the background is taken
+    no higher than that far under it, so their barge-in on the next prompt is heard."""
+    settings = BargeInSettings(background_db=9.0, background_pct=100.0,
+                               background_caller_db=18.0)
+    policy = BargeInPolicy(settings)
+    assert kinds(_talk(policy, 25, BotState.SILENT))[:1] == [Decision.SPEECH_STARTED]
+    _quiet(policy, 5, BotState.SILENT)
+    assert policy.caller_db == -20.0  # CALLER's level, and the loudest of the last second
+    _line_before_the_bot(policy, [-60.0])
+    barge = replace(TV_SYLLABLE, level_db=-19.0, unexplained_db=-19.5)
+    assert policy.is_caller(0.98, barge, VOICED, clean_prob=0.9)
+    uncapped = BargeInPolicy(replace(settings, background_caller_db=None))
+    _talk(uncapped, 25, BotState.SILENT)
+    _quiet(uncapped, 5, BotState.SILENT)
+    _line_before_the_bot(uncapped, [-60.0])
+    assert not uncapped.is_caller(0.98, barge, VOICED, clean_prob=0.9)
+
+
+def test_the_band_path_keeps_its_own_floor_under_a_background() -> None:
+    """The voiced-band path (echo-free lines) stands beside ``background_db``: a voice 5 dB over
+    a kitchen's clatter is under the clatter's loudest window, and its band floor hears it."""
+    policy = BargeInPolicy(BargeInSettings(background_db=9.0, background_pct=100.0))
+    _line_before_the_bot(policy, [-38.0] * 30 + [-28.0])
+    voice = replace(MASKED_VOICE, ref_db=-20.0)
+    assert policy.is_caller(0.05, voice, VOICED)
+    assert not policy.is_caller(0.98, replace(voice, echo_free=False, passes=True), VOICED)
+
+
+# A caller on a 6 dB ERL line: the gate's noise floor (a median of the inbound) has learnt the
+# bot's echo (-30 dBFS), while what the bot's envelope leaves unexplained of the line is its room
+# tone (-60 dBFS). The caller's window is all but unexplained, 1.5 dB over that "noise".
+STRONG_ECHO_CALLER = GateReading(level_db=-28.0, echo_db=-31.0, noise_db=-29.5, echo_locked=True,
+                                 passes=False, ref_db=-10.0, erl_db=6.0, echo_corr=0.9,
+                                 unexplained_db=-29.0)
+
+
+def test_the_unexplained_path_measures_against_what_the_echo_does_not_explain() -> None:
+    """``explain_floor_pct``: the unexplained-energy path's noise floor is a percentile of the
+    unexplained energy of the last 2 s of windows where nobody talked, not the gate's median of
+    the inbound (which holds the echo): the caller on a strong echo line is heard."""
+    settings = replace(EXPLAIN, explain_until_ms=None, explain_floor_pct=75.0)
+    echo = replace(STRONG_ECHO_CALLER, level_db=-30.0, unexplained_db=-60.0)
+    policy = BargeInPolicy(settings)
+    off = BargeInPolicy(replace(settings, explain_floor_pct=None))
+    for p in (policy, off):
+        for _ in range(40):
+            assert p.step(0.9, echo, NOTHING, PLAYING, clean_prob=0.01) == []
+    assert policy.is_caller(0.98, STRONG_ECHO_CALLER, VOICED, clean_prob=0.01)
+    assert not off.is_caller(0.98, STRONG_ECHO_CALLER, VOICED, clean_prob=0.01)
+    # A background that the bot's envelope does not explain either is learnt by that floor.
+    tv = replace(echo, unexplained_db=-31.0)
+    masked = BargeInPolicy(settings)
+    for _ in range(40):
+        masked.step(0.2, tv, NOTHING, PLAYING, clean_prob=0.01)
+    assert not masked.is_caller(0.98, STRONG_ECHO_CALLER, VOICED, clean_prob=0.01)
