@@ -166,7 +166,7 @@ async def _main(args: argparse.Namespace) -> dict[str, int]:
     finally:
         await bus.aclose()
         if stt is not None:
-            await stt.cleanup()  # type: ignore[attr-defined]
+            await stt.cleanup()  # type: ignore[attr-defined]  # the stub's, not the protocol's
     return dict(worker.counts)
 
 

@@ -89,11 +89,13 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
         step = PIECE_MS * ULAW_BYTES_PER_MS
         bot_of[name] = [bot[i : i + step] for i in range(0, len(bot), step)]
 
+    # (`runtime` is argparse's, limited by its choices to the engine's runtimes.)
     engine = VadEngine(runtime=runtime, max_wait_ms=max_wait_ms)  # type: ignore[arg-type]
     await engine.start()
     bus = EmbeddedBus()
     await bus.start()
     model = engine.runtime
+    # The timers are patched onto this engine's methods: that is the measurement.
     infer = _Timed(model.infer)
     model.infer = infer  # type: ignore[method-assign]
     hear = _Timed(engine._hear)

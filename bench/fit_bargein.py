@@ -129,6 +129,7 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
         return original(self, prob, gate, feat, bot, clean_prob=clean_prob)
 
     async def run() -> None:
+        # (`runtime` is argparse's, limited by its choices to the engine's runtimes.)
         async with VadEngine(runtime=runtime) as engine:  # type: ignore[arg-type]
             with tempfile.TemporaryDirectory(prefix="fit-") as tmp:
                 for call in calls:
@@ -138,6 +139,7 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
                     await replay(path, bot_script=bot_turns(call), settings=never, vad=engine)
                     meta.append({"labels": call.labels, "start": start, "end": len(rows)})
 
+    # The spy patched onto the class records every step's inputs (restored below).
     BargeInPolicy.step = spy  # type: ignore[method-assign]
     try:
         asyncio.run(run())

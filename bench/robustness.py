@@ -308,6 +308,7 @@ async def _run(calls: Iterable[SimCall], variants: Sequence[Variant], *, concurr
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     gen_cpu = 0.0  # of which simulating the calls
     with tempfile.TemporaryDirectory(prefix="robustness-") as tmp:
+        # (`runtime` is argparse's, limited by its choices to the engine's runtimes.)
         async with VadEngine(runtime=runtime) as engine:  # type: ignore[arg-type]
 
             async def worker() -> None:
@@ -470,13 +471,14 @@ def run_bench(*, split: str, conditions: Sequence[Condition], calls_per_point: i
               library: VoiceLibrary | None = None, loop: str = "closed") -> dict[str, Any]:
     """Simulate, replay and score; returns the JSON report (summary, per-call verdicts, speed)."""
     count = len(conditions) * calls_per_point
+    # (`split` is argparse's, limited by its choices to the simulator's splits.)
     calls = iter_calls(list(conditions), split=split,  # type: ignore[arg-type]
                        seed=seed, count=count, library=library)
     if loop not in ("open", "closed"):
         raise ValueError(f"loop must be open or closed, got {loop!r}")
     results, speed = asyncio.run(_run(calls, variants, concurrency=concurrency, runtime=runtime,
                                       loop=loop))
-    speed["loop"] = loop  # type: ignore[assignment]
+    speed["loop"] = loop  # type: ignore[assignment]  # a report of numbers, and this one word
     return {"summary": summarize(results, conditions, variants), "speed": speed,
             "calls": [dataclasses.asdict(r) for r in results]}
 
@@ -552,6 +554,7 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
     rows: list[dict[str, Any]] = []
 
     async def run() -> None:
+        # (`runtime` is argparse's, limited by its choices to the engine's runtimes.)
         async with VadEngine(runtime=runtime) as engine:  # type: ignore[arg-type]
             with tempfile.TemporaryDirectory(prefix="features-") as tmp:
                 for rec in recordings:

@@ -118,6 +118,8 @@ class Condition:
             erl, delay = float(parts[0][3:]), float(parts[1][1:])
         except ValueError:
             raise ConditionError(f"condition {name!r}: erl and delay must be numbers") from None
+        # The name's other parts are the fields' literals; __post_init__ checks each against
+        # its allowed values (mypy cannot see through the split).
         return cls(erl, delay, *parts[2:])  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, Any]:

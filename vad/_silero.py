@@ -250,6 +250,7 @@ class TorchScriptSilero:
         torch.set_num_threads(threads)
         try:
             # torch.jit.load has no annotations (torch 2.13); it returns a ScriptModule.
+            # (torch.jit.load carries no annotations.)
             module = torch.jit.load(str(self.path), map_location="cpu")  # type: ignore[no-untyped-call]
         except Exception as exc:  # torch.jit.load raises RuntimeError or pickle/zip errors
             raise RuntimeUnavailable(f"cannot load {self.path}: {exc}") from exc
