@@ -271,15 +271,14 @@ class EchoCanceller:
         x = np.zeros(nb * FRAME)  # whole 10 ms blocks, the last one zero-padded
         x[:m] = samples[lo - start_sample : hi - start_sample]
         pcm = np.empty(nb * FRAME, dtype=np.int16)
-        _to_pcm(x, pcm)
+        _to_pcm(x, pcm)  # x holds the same integers, as float64
         self._write(lo, pcm[:m], add=True)
         self._ref_hi = max(self._ref_hi, hi)
         # Audible: from the first to the last 10 ms block above the activity floor. The sums
         # are of squared int16s (below 2**37), exact in float64 whatever their order: the
-        # padded reshape gives the blocks np.add.reduceat did, bit for bit.
-        e = pcm.astype(np.float64)
-        e *= e
-        blocks = e.reshape(nb, FRAME).sum(axis=1) / FRAME
+        # padded blocks give what np.add.reduceat of the squares did, bit for bit.
+        xb = x.reshape(nb, FRAME)
+        blocks = np.einsum("ij,ij->i", xb, xb) / FRAME
         loud = np.flatnonzero(blocks > self._active_e)
         if len(loud):
             a = lo + int(loud[0]) * FRAME
@@ -310,8 +309,11 @@ class EchoCanceller:
                                                                pcm[first:])):
             if src.size:
                 if add:  # overlapping sends of one stretch sum, as the line would play them
-                    mixed = self._ring[dst].astype(np.int32) + src
-                    self._ring[dst] = np.clip(mixed, -32768, 32767)
+                    mixed = self._ring[dst].astype(np.int32)
+                    mixed += src
+                    np.minimum(mixed, 32767, out=mixed)  # np.clip, without its wrapper
+                    np.maximum(mixed, -32768, out=mixed)
+                    self._ring[dst] = mixed
                 else:
                     self._ring[dst] = src
 
