@@ -139,7 +139,8 @@ class _Module:
         handle = int(self.apm._ffi_handle.handle)
         far0 = ctypes.addressof(ctypes.c_char.from_buffer(self._far_buf))
         near0 = ctypes.addressof(ctypes.c_char.from_buffer(self._near_buf))
-        reqs: list[tuple[Any, int, Any, int]] = []
+        # Per slot, in the order they run: (request, its length, the success response, kind).
+        reqs: list[list[tuple[Any, int, bytes, str]]] = []
         for k in range(self.slots):
             pair = []
             for kind, base in (("apm_process_reverse_stream", far0),
@@ -152,19 +153,15 @@ class _Module:
                 body.sample_rate = RATE
                 body.num_channels = 1
                 raw = req.SerializeToString()
-                pair.append(((ctypes.c_ubyte * len(raw)).from_buffer_copy(raw), len(raw)))
-            (rev, rev_n), (cap, cap_n) = pair
-            reqs.append((rev, rev_n, cap, cap_n))
-        ok = []
-        for kind in ("apm_process_reverse_stream", "apm_process_stream"):
-            resp = ffi_pb2.FfiResponse()
-            getattr(resp, kind).SetInParent()
-            ok.append(resp.SerializeToString())
+                ok = ffi_pb2.FfiResponse()
+                getattr(ok, kind).SetInParent()
+                pair.append(((ctypes.c_ubyte * len(raw)).from_buffer_copy(raw), len(raw),
+                             ok.SerializeToString(), kind))
+            reqs.append(pair)
         out_ptr = ctypes.POINTER(ctypes.c_ubyte)()
         out_len = ctypes.c_size_t()
-        return (lib.livekit_ffi_request, lib.livekit_ffi_drop_handle, reqs, ok[0], ok[1],
-                out_ptr, out_len, ctypes.byref(out_ptr), ctypes.byref(out_len), INVALID_HANDLE,
-                ffi_pb2.FfiResponse)
+        return (lib.livekit_ffi_request, lib.livekit_ffi_drop_handle, reqs, out_ptr, out_len,
+                ctypes.byref(out_ptr), ctypes.byref(out_len), INVALID_HANDLE, ffi_pb2.FfiResponse)
 
     def run(self, nf: int) -> None:
         """Frames ``0..nf-1`` (``nf <= slots``) of ``far`` then ``near`` through the module."""
@@ -181,24 +178,17 @@ class _Module:
                 self.apm.process_stream(near)
                 self.near[seg] = near_pcm
             return
-        (request, drop, reqs, ok_rev, ok_cap, out_ptr, out_len, out_ptr_ref, out_len_ref,
-         invalid, _) = ffi
+        request, drop, reqs, out_ptr, out_len, out_ptr_ref, out_len_ref, invalid, _ = ffi
         string_at = ctypes.string_at
-        for rev, rev_n, cap, cap_n in reqs[:nf]:
-            h = request(rev, rev_n, out_ptr_ref, out_len_ref)
-            if h == invalid:
-                self._failed(None, "apm_process_reverse_stream")
-            got = string_at(out_ptr, out_len.value)
-            drop(h)
-            if got != ok_rev:
-                self._failed(got, "apm_process_reverse_stream")
-            h = request(cap, cap_n, out_ptr_ref, out_len_ref)
-            if h == invalid:
-                self._failed(None, "apm_process_stream")
-            got = string_at(out_ptr, out_len.value)
-            drop(h)
-            if got != ok_cap:
-                self._failed(got, "apm_process_stream")
+        for pair in reqs[:nf]:
+            for req, size, ok, kind in pair:  # the far frame, then the near frame
+                h = request(req, size, out_ptr_ref, out_len_ref)
+                if h == invalid:
+                    self._failed(None, kind)
+                got = string_at(out_ptr, out_len.value)
+                drop(h)
+                if got != ok:
+                    self._failed(got, kind)
 
     def _failed(self, got: bytes | None, kind: str) -> None:
         """A response other than plain success: its error, as livekit's methods raise it."""

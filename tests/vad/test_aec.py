@@ -219,3 +219,17 @@ def test_a_closed_canceller_says_so() -> None:
     aec.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         aec.process(0, np.zeros(160, dtype=np.float32))
+
+
+def test_the_fast_path_raises_what_the_ffi_refuses() -> None:
+    """A module livekit no longer knows (its handle dropped underneath): the FFI answers no
+    response, and the fast path raises it instead of passing the frame on untouched."""
+    aec = EchoCanceller()
+    try:
+        assert aec.fast_ffi
+        aec.add_reference(0, bot_voice()[:1600])
+        aec._module.apm._ffi_handle.dispose()
+        with pytest.raises(RuntimeError, match="refused"):
+            aec.process(0, np.zeros(160, dtype=np.float32))
+    finally:
+        aec.close()
