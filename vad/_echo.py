@@ -312,8 +312,11 @@ class EchoGateBank:
         x = np.asarray(samples, dtype=np.float64)
         np.multiply(x, x, out=sq[off : off + n])
         parts = sq.reshape(nparts, HOP).sum(axis=1) / HOP
-        laid = np.zeros(nparts * HOP)
-        laid[off : off + n] = x
+        if off == 0 and n == nparts * HOP:  # whole hops (most 40 ms chunks): no padding
+            laid = x
+        else:
+            laid = np.zeros(nparts * HOP)
+            laid[off : off + n] = x
         bands = self._hop_bands(laid.reshape(nparts, HOP))  # (nparts, bands)
         hop = int(self._hop[row])
         lo = max(first, hop - self._nlag + 1)  # older hops can no longer be read
@@ -321,13 +324,16 @@ class EchoGateBank:
         if hi <= lo:
             return
         parts = parts[lo - first : hi - first]
-        self._refb[row, np.arange(lo, hi) & _MASK] += bands[lo - first : hi - first]
-        ref, ref_db = self._ref[row], self._ref_db[row]
+        bands = bands[lo - first : hi - first]
+        ref, ref_db, refb = self._ref[row], self._ref_db[row], self._refb[row]
         a, b = lo & _MASK, hi & _MASK
         if a < b:
+            refb[a:b] += bands
             ref[a:b] += parts
             ref_db[a:b] = _db(ref[a:b])
         else:  # the span wraps around the ring's end
+            refb[a:] += bands[: _RING - a]
+            refb[:b] += bands[_RING - a :]
             ref[a:] += parts[: _RING - a]
             ref[:b] += parts[_RING - a :]
             ref_db[a:] = _db(ref[a:])

@@ -120,3 +120,116 @@ def test_warm_up_runs_the_module_once() -> None:
     from vad import warm_up_echo_canceller
 
     warm_up_echo_canceller()  # raises EchoCancellerUnavailable when it cannot run
+
+
+# -- the fast paths against what they replace (bit for bit) ------------------------------------
+def call_like_drive(aec: EchoCanceller) -> np.ndarray:
+    """A fixed, awkward drive: a loud bot (its int16 conversion clips), 20 ms frames and odd
+    ones (remainders pass untouched), a gap, an overlapping and an odd-length reference, a
+    clear and a silent stretch (the canceller goes off and back on). Every output, joined."""
+    bot = bot_voice()[:8000 * 4]
+    rng = np.random.default_rng(7)
+    echo = np.concatenate([np.zeros(1200), bot])[: len(bot)] * 0.5
+    inbound = (echo + rng.normal(0, 0.003, len(bot))).astype(np.float32)
+    aec.add_reference(0, bot[:LEAD] * 1.7)
+    sizes = [160] * 40 + [240, 80, 160, 100, 60, 320, 480]
+    outs, i = [], 0
+    for k in range(150):
+        n = sizes[k % len(sizes)]
+        if k % 37 == 5:
+            aec.add_reference(i + LEAD, bot[i + LEAD:i + LEAD + 333].astype(np.float32))
+            aec.add_reference(i + LEAD + 100, bot[i + LEAD + 100:i + LEAD + 260])
+        elif k % 53 == 7:
+            aec.clear_reference_from(i + 800)
+        elif not 60 < k < 100:  # bot silent from 60 on: off after hold_ms
+            aec.add_reference(i + LEAD, bot[i + LEAD:i + LEAD + n])
+        if k == 20:
+            i += 160  # a lost packet
+        outs.append(np.array(aec.process(i, inbound[i:i + n]), dtype=np.float32))
+        i += n
+    return np.concatenate(outs)
+
+
+def test_the_fast_ffi_path_gives_livekits_own_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests built once and sent to livekit's FFI entry point directly (vad/_aec.py
+    ``_Module``) give what livekit's ``process_stream``/``process_reverse_stream`` give, sample
+    for sample; the installed livekit has what the fast path needs."""
+    from vad import _aec
+
+    settings = EchoCancellerSettings(hold_ms=300.0)
+    fast = EchoCanceller(settings)
+    try:
+        assert fast.fast_ffi
+        got = call_like_drive(fast)
+        assert fast.frames_processed > 200 and fast.frames_bypassed > 20
+    finally:
+        fast.close()
+
+    def no_internals(self: Any) -> Any:
+        raise AttributeError("no FfiClient here")
+
+    monkeypatch.setattr(_aec._Module, "_fast_requests", no_internals)
+    public = EchoCanceller(settings)
+    try:
+        assert not public.fast_ffi
+        want = call_like_drive(public)
+    finally:
+        public.close()
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert np.abs(got).max() > 0.01  # not silence: the caller's and the echo's residual
+
+
+def test_the_int16_conversion_is_np_clip_of_np_round() -> None:
+    from vad._aec import _to_pcm
+
+    rng = np.random.default_rng(3)
+    halves = (np.arange(-40, 40) + 0.5) / 32767  # x * 32767 lands on .5: half to even
+    x = np.concatenate([rng.uniform(-1.5, 1.5, 2000), halves, [0.0, -0.0, 1.0, -1.0, 2.0, -2.0]])
+    want = np.clip(np.round(x * 32767.0), -32768, 32767).astype(np.int16)
+    got = np.empty(len(x), dtype=np.int16)
+    _to_pcm(x.copy(), got)
+    assert np.array_equal(got, want)
+
+
+def test_the_audible_spans_are_the_reduceat_blocks() -> None:
+    """add_reference's 10 ms block energies (a padded reshape) mark the same audible stretches
+    as np.add.reduceat of the squares did, odd lengths and a start inside a block included."""
+    rng = np.random.default_rng(4)
+    for length, start in ((333, 0), (160, 45), (81, 1000), (1000, 7), (79, 3)):
+        x = rng.normal(0, 1e-3, length)
+        x[length // 3 : length // 3 + 20] = 0.2  # one loud burst
+        aec = EchoCanceller()
+        try:
+            aec.add_reference(start, x)
+            pcm = np.clip(np.round(x * 32767.0), -32768, 32767).astype(np.int16)
+            e = pcm.astype(np.float64) ** 2
+            nb = -(-len(e) // 80)
+            blocks = np.add.reduceat(e, np.arange(0, nb * 80, 80)) / 80
+            loud = np.flatnonzero(blocks > (10 ** (-60 / 20) * 32767.0) ** 2)
+            want = [[start + int(loud[0]) * 80, min(start + length, start + (int(loud[-1]) + 1) * 80)]]
+            assert [list(span) for span in aec._audible] == want
+        finally:
+            aec.close()
+
+
+def test_a_closed_canceller_says_so() -> None:
+    aec = EchoCanceller()
+    aec.add_reference(0, bot_voice()[:1600])
+    aec.close()
+    aec.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        aec.process(0, np.zeros(160, dtype=np.float32))
+
+
+def test_the_fast_path_raises_what_the_ffi_refuses() -> None:
+    """A module livekit no longer knows (its handle dropped underneath): the FFI answers no
+    response, and the fast path raises it instead of passing the frame on untouched."""
+    aec = EchoCanceller()
+    try:
+        assert aec.fast_ffi
+        aec.add_reference(0, bot_voice()[:1600])
+        aec._module.apm._ffi_handle.dispose()
+        with pytest.raises(RuntimeError, match="refused"):
+            aec.process(0, np.zeros(160, dtype=np.float32))
+    finally:
+        aec.close()

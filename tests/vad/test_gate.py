@@ -271,3 +271,58 @@ def test_unexplained_energy_is_the_caller_not_the_first_turns_echo() -> None:
                 errors.append(level - r.unexplained_db)
     assert len(errors) >= 30
     assert abs(np.median(errors)) <= 3.0, errors  # the caller's own level, not the echo's
+
+
+def _old_reference_arrays(bank: EchoGateBank, row: int, start: int, samples: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What add_reference wrote before its whole-hop and slice paths: the chunk laid out
+    zero-padded from its first hop boundary, the band energies through an arange index."""
+    from vad._echo import _MASK, _RING, HOP, _db
+
+    ref, ref_db, refb = bank._ref[row].copy(), bank._ref_db[row].copy(), bank._refb[row].copy()
+    n = len(samples)
+    first = start // HOP
+    off = start - first * HOP
+    nparts = (off + n + HOP - 1) // HOP
+    sq = np.zeros(nparts * HOP)
+    x = np.asarray(samples, dtype=np.float64)
+    np.multiply(x, x, out=sq[off : off + n])
+    parts = sq.reshape(nparts, HOP).sum(axis=1) / HOP
+    laid = np.zeros(nparts * HOP)
+    laid[off : off + n] = x
+    bands = bank._hop_bands(laid.reshape(nparts, HOP))
+    hop = int(bank._hop[row])
+    lo = max(first, hop - bank._nlag + 1)
+    hi = min(first + nparts, hop + _RING - bank._nlag - bank._kx - 64)
+    if hi > lo:
+        refb[np.arange(lo, hi) & _MASK] += bands[lo - first : hi - first]
+        pos = np.arange(lo, hi) & _MASK
+        ref[pos] += parts[lo - first : hi - first]
+        ref_db[pos] = _db(ref[pos])
+    return ref, ref_db, refb
+
+
+def test_reference_fast_paths_write_what_the_padded_path_wrote() -> None:
+    """Whole-hop chunks (no padding) and slices (no index arrays), across the ring's end too,
+    leave the bank's reference arrays exactly as the padded, indexed path did."""
+    rng = np.random.default_rng(5)
+    bank = EchoGateBank(EchoGateSettings())
+    row = bank.open_row()
+    hop = 0
+    # (start, length): whole hops at a hop boundary, odd starts and lengths, overlapping chunks.
+    chunks = [(0, 320), (320, 320), (400, 320), (1000, 333), (1280, 64), (1290, 10), (4000, 320),
+              (4032, 320)]
+    for lap in range(12):  # the inbound clock moves on: writes wrap around the ring's end
+        base = lap * 4096
+        for start, n in chunks:
+            x = rng.normal(0, 0.1, n).astype(np.float32)
+            want = _old_reference_arrays(bank, row, base + start, x)
+            bank.add_reference(row, base + start, x)
+            for got, exp in zip((bank._ref[row], bank._ref_db[row], bank._refb[row]), want,
+                                strict=True):
+                assert np.array_equal(got, exp)
+        for _ in range(4096 // WINDOW):  # inbound windows move the row's hop on
+            bank.process(np.array([row]), rng.normal(0, 0.01, (1, WINDOW)), np.array([True]))
+            hop += WINDOW // 64
+        assert int(bank._hop[row]) == hop
+    assert bank._ref[row].max() > 0
