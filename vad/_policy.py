@@ -18,8 +18,10 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    talks, a window Silero calls speech whose energy the bot's own delayed envelope leaves all but
    unexplained (``explain_share_db``, ``GateReading.unexplained_db``). Whichever path hears it,
    while the bot talks a window must stand ``background_db`` over the loudest of what was on
-   the line in the second before the bot's audio came in (a TV or babble was there first; the
-   voiced-band path keeps its own per-bin floor).
+   the line in the last 31 windows (about a second) without bot audio in the echo's lag range
+   before it came in (a TV or babble was there first; the voiced-band path keeps its own
+   per-bin floor), a background never taken over ``background_caller_db`` under the caller's
+   own level once a real turn has taught it.
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -82,6 +85,12 @@ a policy's ``band_snr_db`` below this acts as this (:func:`wants_features`)."""
 
 
 _NO_ECHO_DB = -99.0  # GateReading.ref_db is -100 where no bot audio is in the lag range
+
+
+def _percentile(values: Collection[float], pct: float) -> float:
+    """The ``pct`` percentile of ``values`` (not empty), as the nearest value at or above it."""
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(pct / 100 * len(ordered)))])
 
 CLEAN_CANDIDATE_DB = 0.0
 """The engine also computes features for windows at least this far over the predicted echo
@@ -235,8 +244,9 @@ class BargeInSettings:
     stays at 0.1-0.3 for the first 100-300 ms of a caller talking over the bot's first words,
     while their vowels are voiced 0.6-0.9). Over 1: Silero alone. Hold music is voiced too:
     without ``background_db`` closed-loop train replays stopped the bot for it in its first turn
-    (seed 3, 1-2 of 4 calls); with it none did (seeds 1 and 3), and barge-ins in the bot's
-    first 200 ms came sooner (train seed 1: 290/747 -> 187/353 ms p50/p95)."""
+    (seed 3, 1-2 of 4 calls); with it none was interrupted (seeds 1 and 3; one music false
+    stop on seed 3 either way), and barge-ins in the bot's first 200 ms came sooner (train
+    seed 1: 290/747 -> 187/353 ms p50/p95)."""
     explain_background_db: float | None = 6.0
     """... and this far over the line's background as it was just before the bot's audio came
     into the echo's lag range (the ``background_pct`` percentile of the levels of the last
@@ -270,7 +280,15 @@ class BargeInSettings:
     it was on the line before the bot talked, a caller's barge-in was not. None: off."""
     background_caller_db: float | None = 18.0
     """... and that background is never taken over this far under the caller's own level
-    (``caller_db``, once they have talked a real turn). None: no such cap."""
+    (``caller_db``, once they have talked a real turn). None: no such cap.
+
+    Two known limits, both measured (docs/bargein.md, "After review"): a short turn (a "yes",
+    under ``caller_turn_ms``) teaches no cap, so an answer that is the loudest of the second
+    before the prompt is its background (a barge-in must be 9 dB over it); and a bot whose
+    audio comes in while the caller is already talking takes their voice as the background and
+    talks on over them, not paused. Capping from any turn, or from the turn in progress, also
+    learns a TV's and babble's own "turns": train first stops FS 42 -> 49 (the floor off) and
+    42 -> 46; the check split with the second, 80/80 FI 1 -> 77/80 FI 5 (babble 8/8 -> 5/8)."""
 
 
 class BotState(enum.Enum):
@@ -431,7 +449,7 @@ class BargeInPolicy:
         self._silent_levels: deque[float] = deque(maxlen=31)  # levels, no bot audio in range
         self._background_db: float | None = None  # their background_pct, when the bot came in
         self._unexplained_idle: deque[float] = deque(maxlen=62)  # unexplained_db, nobody talking
-        self._floor_db: float | None = None  # their percentile (explain_floor_pct), cached
+        self._floor_db: float | None = None  # their percentile (explain_floor_pct), until the next
 
     @property
     def gate_may_adapt(self) -> bool:
@@ -525,8 +543,7 @@ class BargeInPolicy:
         if pct is None or len(self._unexplained_idle) < 8:
             return gate.noise_db
         if self._floor_db is None:
-            levels = sorted(self._unexplained_idle)
-            self._floor_db = levels[min(len(levels) - 1, int(pct / 100 * len(levels)))]
+            self._floor_db = _percentile(self._unexplained_idle, pct)
         return min(gate.noise_db, self._floor_db)
 
     def _under_caller_margin(self, gate: GateReading) -> bool:
@@ -632,9 +649,7 @@ class BargeInPolicy:
         self._echo_windows = self._echo_windows + 1 if echoing else 0
         self._echo_total += echoing
         if echoing and self._echo_windows == 1 and self._silent_levels:
-            levels = sorted(self._silent_levels)
-            self._background_db = levels[min(len(levels) - 1,
-                                             int(s.background_pct / 100 * len(levels)))]
+            self._background_db = _percentile(self._silent_levels, s.background_pct)
         caller = self.is_caller(prob, gate, feat, clean_prob)
         if not echoing:
             self._silent_levels.append(gate.level_db)

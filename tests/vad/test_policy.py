@@ -518,6 +518,42 @@ def test_the_background_is_never_the_callers_own_voice() -> None:
     assert not uncapped.is_caller(0.98, barge, VOICED, clean_prob=0.9)
 
 
+def test_a_short_turn_before_the_prompt_does_not_teach_the_cap() -> None:
+    """The known limit ``background_caller_db`` says: a "yes" (10 windows: no real turn, so no
+    ``caller_db``) just before the prompt is the loudest window of that second, and a short
+    turn teaches no cap (on train the TV's and babble's own short "turns" would cancel the
+    floor): a barge-in at the answer's level is held, one 9 dB over it is heard."""
+    settings = BargeInSettings(background_db=9.0, background_pct=100.0,
+                               background_caller_db=18.0)
+    policy = BargeInPolicy(settings)
+    assert kinds(_talk(policy, 10, BotState.SILENT))[:1] == [Decision.SPEECH_STARTED]
+    _quiet(policy, 15, BotState.SILENT)
+    assert policy.state is PolicyState.IDLE and policy.caller_db is None
+    _line_before_the_bot(policy, [-60.0])
+    at_their_level = replace(TV_SYLLABLE, level_db=-19.0, unexplained_db=-19.5)
+    assert not policy.is_caller(0.98, at_their_level, VOICED, clean_prob=0.9)
+    louder = replace(TV_SYLLABLE, level_db=-10.0, unexplained_db=-10.5)
+    assert policy.is_caller(0.98, louder, VOICED, clean_prob=0.9)
+
+
+def test_a_voice_already_talking_when_the_bot_comes_in_is_its_background() -> None:
+    """The other known limit of ``background_caller_db``: a voice that is talking when the bot's
+    audio comes into the lag range is the second before it, so it is the background and the bot
+    talks on over it. For a babble's or a TV's "turn" that is the point (capping the background
+    under the turn in progress cost the check split's babble point 8/8 -> 5/8); a caller who
+    began in a gap of 520 ms or more between two utterances is talked over too. Without the
+    floor (main before session 8) the same steps pause and commit."""
+    talking_over = replace(CALLER, ref_db=-25.0, echo_db=-45.0, unexplained_db=-20.5)
+    floored = BargeInPolicy(BargeInSettings())
+    unfloored = BargeInPolicy(BargeInSettings(background_db=None))
+    for policy, expected in ((floored, []), (unfloored, [Decision.PAUSE, Decision.COMMIT])):
+        assert kinds(_talk(policy, 10, BotState.SILENT)) == [Decision.SPEECH_STARTED]
+        over = [d for _ in range(20)
+                for d in policy.step(0.95, talking_over, VOICED, PLAYING, clean_prob=0.9)]
+        assert kinds(over) == expected
+    assert floored.state is PolicyState.SPEAKING
+
+
 def test_the_band_path_keeps_its_own_floor_under_a_background() -> None:
     """The voiced-band path (echo-free lines) stands beside ``background_db``: a voice 5 dB over
     a kitchen's clatter is under the clatter's loudest window, and its band floor hears it."""
