@@ -25,16 +25,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import protocol
-from ._base import (
-    Bus,
-    BusMessage,
-    CallInfo,
-    Event,
-    SeenWindow,
-    _Accepted,
-    check_name,
-    parse_stream_id,
-)
+from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
+from ._base import _Accepted
 from ._errors import BusClosedError, CallOwnershipError, OwnershipLostError
 
 _Packed = tuple[str, protocol.Binaries]

@@ -124,16 +124,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
 from . import protocol
-from ._base import (
-    Bus,
-    BusMessage,
-    CallInfo,
-    Event,
-    SeenWindow,
-    _Accepted,
-    check_name,
-    parse_stream_id,
-)
+from ._base import Bus, BusMessage, CallInfo, Event, SeenWindow, check_name, parse_stream_id
+from ._base import _Accepted
 from ._errors import (
     BusClosedError,
     BusUnavailableError,

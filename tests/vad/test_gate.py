@@ -281,16 +281,12 @@ def _old_reference_arrays(bank: EchoGateBank, row: int, start: int, samples: np.
 
     ref, ref_db, refb = bank._ref[row].copy(), bank._ref_db[row].copy(), bank._refb[row].copy()
     n = len(samples)
-    first = start // HOP
-    off = start - first * HOP
-    nparts = (off + n + HOP - 1) // HOP
-    sq = np.zeros(nparts * HOP)
-    x = np.asarray(samples, dtype=np.float64)
-    np.multiply(x, x, out=sq[off : off + n])
-    parts = sq.reshape(nparts, HOP).sum(axis=1) / HOP
-    laid = np.zeros(nparts * HOP)
-    laid[off : off + n] = x
-    bands = bank._hop_bands(laid.reshape(nparts, HOP))
+    first, off = divmod(start, HOP)
+    nparts = -(-(off + n) // HOP)
+    laid = np.concatenate([np.zeros(off), np.asarray(samples, dtype=np.float64),
+                           np.zeros(nparts * HOP - off - n)]).reshape(nparts, HOP)
+    parts = (laid * laid).mean(axis=1)
+    bands = bank._hop_bands(laid)
     hop = int(bank._hop[row])
     lo = max(first, hop - bank._nlag + 1)
     hi = min(first + nparts, hop + _RING - bank._nlag - bank._kx - 64)
