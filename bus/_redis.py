@@ -1846,10 +1846,18 @@ class RedisBus(Bus):
         if not jobs:
             return []
         sha = hashlib.sha1(_RENEW.encode()).hexdigest()  # noqa: S324 - Redis's script id
-        for _attempt in range(2):
+        for attempt in range(2):
             pipe = redis.pipeline(transaction=False)
             for _, keys, args in jobs:
-                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+                # The retry sends the script itself: right after a failover the promoted replica
+                # may not know it, while the client's topology still names the old primary, so a
+                # SCRIPT LOAD to "every primary" missed it and the retry failed again ("lease
+                # renewal failed: No matching script", 1 clean-clone run of test_cluster's
+                # failover under load). EVAL runs wherever the slot now lives, and caches it.
+                if attempt == 0:
+                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+                else:
+                    pipe.execute_command("EVAL", _RENEW, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
             # raise_on_error=False hands back a node's lost connection as a reply too (seen in 1
             # of 12 failovers: "'ConnectionError' object is not iterable" killed the beat).
@@ -1858,7 +1866,6 @@ class RedisBus(Bus):
                 raise lost
             if not any(isinstance(r, NoScriptError) for r in results):
                 return list(results)
-            await redis.script_load(_RENEW)  # to every primary
         return list(results)
 
     def _watch_gateways(self, owned: list[_Owned], alive: dict[str, Any]) -> None:

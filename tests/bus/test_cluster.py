@@ -47,6 +47,39 @@ async def test_a_node_lost_in_the_lease_pipeline_fails_the_beat_as_an_outage() -
         await bus._renew_pipelined(Client(), [([], ["a", "b"], []), ([], ["c", "d"], [])])
 
 
+async def test_a_script_the_new_primary_lacks_is_sent_whole_on_the_retry() -> None:
+    """Right after a failover the promoted replica may not know the renewal script while the
+    client's topology still names the old primary (a SCRIPT LOAD to every primary missed it:
+    "lease renewal failed: No matching script" in a loaded clean-clone run). The retry sends
+    the script itself (EVAL), which runs wherever the slot lives now."""
+    from redis.exceptions import NoScriptError
+
+    from bus._redis import _RENEW
+
+    sent: list[list[tuple[Any, ...]]] = []
+
+    class Pipeline:
+        def __init__(self) -> None:
+            sent.append([])
+
+        def execute_command(self, *args: Any) -> None:
+            sent[-1].append(args)
+
+        async def execute(self, raise_on_error: bool = True) -> list[Any]:
+            if len(sent) == 1:
+                return [NoScriptError("No matching script. Please use EVAL.")]
+            return [[1]]
+
+    class Client:  # no script_load: the retry must not need one
+        def pipeline(self, transaction: bool = True) -> Pipeline:
+            return Pipeline()
+
+    bus = _bus("redis+cluster://127.0.0.1:1", "wk")  # never opened: the client is given
+    assert await bus._renew_pipelined(Client(), [([], ["a", "b"], ["w1"])]) == [[1]]
+    assert [cmds[0][:2] for cmds in sent] == [("EVALSHA", sent[0][0][1]), ("EVAL", _RENEW)]
+    assert sent[1][0][2:] == (2, "a", "b", "w1")
+
+
 def test_cluster_urls_are_checked() -> None:
     assert isinstance(make_bus("redis+cluster://10.0.0.1:7000,10.0.0.2:7000"), RedisBus)
     assert isinstance(make_bus("rediss+cluster://u:p@h1:7000"), RedisBus)
