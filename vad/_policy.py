@@ -779,7 +779,7 @@ class BargeInPolicy:
         """The caller's turn ended: learn their level from it if it was a real turn."""
         levels = self._turn_levels
         if len(levels) * WINDOW_MS >= self.settings.caller_turn_ms:
-            self.caller_db = float(sorted(levels)[len(levels) // 2])
+            self.caller_db = _percentile(levels, 50.0)
         self._turn_levels = []
         self.state = PolicyState.IDLE
         self._run = 0
