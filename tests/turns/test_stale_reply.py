@@ -9,6 +9,9 @@ drops one that answers the cancelled turn, sends none of it to Twilio, says so i
 and tells the worker (``playback {state: interrupted, heard_ms: 0}``), and the call goes on with
 the whole turn's reply.
 
+A non-interruptible reply is never dropped: it plays, and the caller's next words are a turn of
+their own (not merged with the cancelled turn's).
+
 The race is made to happen every time: the worker's bus hands it the interrupt only once the
 worker has sent the whole stale reply, and the agent starts that reply only once the interrupt
 is on the Redis stream (the gateway has published it). A real gateway (``CallSession`` fed the
@@ -79,8 +82,8 @@ class _HoldsTheInterrupt:
 class _Replier(OutputAgentNode):
     """Answers every turn; the first answer waits until the interrupt is on the stream."""
 
-    def __init__(self, bus: _HoldsTheInterrupt) -> None:
-        super().__init__(name="replier")
+    def __init__(self, bus: _HoldsTheInterrupt, *, interruptible: bool = True) -> None:
+        super().__init__(name="replier", is_interruptible=interruptible)
         self._bus = bus
         self.answers = 0
 
@@ -110,118 +113,160 @@ class _Words:
         return self._Stream()
 
 
+class _Race:
+    """One call of NAME through a real gateway and worker on Redis, the race forced: the frames
+    stop while the stale reply travels, and (``until``) while the call's next answer does."""
+
+    def __init__(self, url: str, *, interruptible: bool) -> None:
+        self.url = url
+        self.interruptible = interruptible
+        self.sent: list[dict[str, Any]] = []
+        self.sent_more = asyncio.Condition()
+        self.timeline = Timeline()
+        self.stale_in = asyncio.Event()  # the first utterance's end reached the gateway
+        self.resumed = asyncio.Event()  # the gateway cancelled the first turn's reply
+        self.next_turn = asyncio.Event()  # ... and published the next final transcript
+        self.node: _Replier | None = None
+        self.worker_bus: _HoldsTheInterrupt | None = None
+        self.timeline.add_listener(self._on_event)
+        self.timeline.add_downlink_listener(
+            lambda t, e: self.stale_in.set() if isinstance(e, bp.UtteranceEnd) else None)
+
+    def _on_event(self, e: dict[str, Any]) -> None:
+        if e["type"] == "turn_resumed":
+            self.resumed.set()
+        elif (e["type"] == "transcript" and e["final"] and not e.get("dropped")
+              and self.resumed.is_set()):
+            self.next_turn.set()
+
+    async def _send(self, text: str) -> None:
+        self.sent.append(json.loads(text))
+        async with self.sent_more:
+            self.sent_more.notify_all()
+
+    def marked(self, utterance_id: str) -> bool:
+        """Some of the utterance's audio went to Twilio (each chunk has a mark)."""
+        return any(m.get("event") == "mark" and m["mark"]["name"].startswith(f"{utterance_id}#")
+                   for m in self.sent)
+
+    def uplink(self, kind: str, **match: Any) -> list[Event]:
+        assert self.worker_bus is not None
+        return [e for e in self.worker_bus.uplink_seen if e.get("type") == kind
+                and all(e.get(k) == v for k, v in match.items())]
+
+    def starts(self) -> list[bp.UtteranceStart]:
+        assert self.worker_bus is not None
+        return [s for s in (bp.decode(e) for e in self.worker_bus.downlink_sent)
+                if isinstance(s, bp.UtteranceStart)]
+
+    async def run(self, until: Callable[[], bool]) -> None:
+        async with (RedisBus(self.url) as gateway_bus, RedisBus(self.url) as raw,
+                    VadEngine(runtime="onnx", max_wait_ms=2.0) as engine):
+            worker_bus = self.worker_bus = _HoldsTheInterrupt(raw)
+
+            def make() -> _Replier:
+                self.node = _Replier(worker_bus, interruptible=self.interruptible)
+                return self.node
+
+            worker = SessionWorker(cast(Bus, worker_bus),
+                                   agent_factory=lambda call: setup_with(make),
+                                   synthesizer=ToneSynthesizer(10))
+            worker_task = asyncio.create_task(worker.run())
+            session = CallSession(
+                send=self._send, bus=gateway_bus, vad=engine, timeline=self.timeline,
+                settings=CallSettings(turn=TurnSettings(mode="silence", silence_ms=200)),
+                transcriber_for=lambda info: _Words(), transcribe_inline=True)
+            downlink: asyncio.Task[None] | None = None
+            waited = False
+            try:
+                for line in recording_messages(rec.source(NAME)):
+                    if json.loads(line).get("event") == "stop":
+                        break  # the call ends below
+                    await session.handle_text(line)
+                    if session.info is not None and downlink is None:
+                        downlink = asyncio.create_task(session.run_downlink())
+                    if self.resumed.is_set() and not self.stale_in.is_set():
+                        # The interrupt is out: the caller goes on once the stale reply is in.
+                        await guard(self.stale_in.wait())
+                        stale = self.starts()[0]
+                        assert self.interruptible is not self.marked(stale.utterance_id), (
+                            "the cancelled turn's reply went to Twilio" if self.interruptible
+                            else "a non-interruptible reply was held")
+                    if self.next_turn.is_set() and not waited:
+                        async with self.sent_more:
+                            await guard(self.sent_more.wait_for(until))
+                        waited = True
+                assert worker_bus.reply_sent.is_set(), "the race did not happen"
+                assert waited, "no turn after the cancel"
+            finally:
+                await session.end("stop")
+                if downlink is not None:
+                    downlink.cancel()
+                    await asyncio.gather(downlink, return_exceptions=True)
+                await guard(worker.join(session.info.call_sid if session.info else ""))
+                worker_task.cancel()
+                await asyncio.gather(worker_task, return_exceptions=True)
+                await worker.aclose()
+
+    def check_the_race(self) -> tuple[Event, bp.UtteranceStart]:
+        """The first turn's reply was made before the worker read the interrupt that cancelled
+        its turn (``utterance_id`` null: nothing had come yet); returns (turn, reply)."""
+        first, cancel = self.uplink("transcript")[0], self.uplink("interrupt")[0]
+        assert bp.decode(cancel) == bp.Interrupt(utterance_id=None, heard_ms=0.0,
+                                                 heard_text="", reason="resumed",
+                                                 t_ms=cancel["t_ms"])
+        stale = self.starts()[0]
+        assert stale.reply_to == first["eid"] and stale.interruptible is self.interruptible
+        return first, stale
+
+
 async def test_a_reply_made_before_the_worker_read_the_interrupt_is_never_played(
     redis_server: RedisServer,  # noqa: F811
 ) -> None:
-    sent: list[dict[str, Any]] = []
-    sent_more = asyncio.Condition()
+    race = _Race(redis_server.url, interruptible=True)
 
-    async def send(text: str) -> None:
-        sent.append(json.loads(text))
-        async with sent_more:
-            sent_more.notify_all()
+    def whole_reply_played() -> bool:
+        """The reply to the whole turn (the first transcript after the cancel) has some of its
+        audio sent to Twilio."""
+        whole = race.uplink("transcript", replaces_previous=True)
+        return any(race.marked(s.utterance_id) for s in race.starts()
+                   if whole and s.reply_to == whole[0]["eid"])
 
-    def marked(utterance_id: str) -> bool:
-        return any(m.get("event") == "mark" and m["mark"]["name"].startswith(f"{utterance_id}#")
-                   for m in sent)
-
-    timeline = Timeline()
-    stale_in = asyncio.Event()
-    resumed = asyncio.Event()  # the gateway has cancelled the first turn's reply
-    whole_turn = asyncio.Event()  # ... and published the whole turn's transcript
-    timeline.add_listener(lambda e: resumed.set() if e["type"] == "turn_resumed" else None)
-    timeline.add_listener(lambda e: whole_turn.set() if e["type"] == "transcript" and e["final"]
-                          and e.get("replaces_previous") and resumed.is_set() else None)
-    # The first utterance's end reaching the gateway's downlink: the stale reply is all in.
-    timeline.add_downlink_listener(
-        lambda t, e: stale_in.set() if isinstance(e, bp.UtteranceEnd) else None)
-    async with (RedisBus(redis_server.url) as gateway_bus, RedisBus(redis_server.url) as raw,
-                VadEngine(runtime="onnx", max_wait_ms=2.0) as engine):
-        worker_bus = _HoldsTheInterrupt(raw)
-        node: list[_Replier] = []
-
-        def make() -> _Replier:
-            node.append(_Replier(worker_bus))
-            return node[-1]
-
-        worker = SessionWorker(cast(Bus, worker_bus), agent_factory=lambda call: setup_with(make),
-                               synthesizer=ToneSynthesizer(10))
-        worker_task = asyncio.create_task(worker.run())
-        session = CallSession(
-            send=send, bus=gateway_bus, vad=engine, timeline=timeline,
-            settings=CallSettings(turn=TurnSettings(mode="silence", silence_ms=200)),
-            transcriber_for=lambda info: _Words(), transcribe_inline=True)
-        downlink: asyncio.Task[None] | None = None
-
-        def whole_reply() -> str | None:
-            """The id of the reply to the whole turn (the first transcript after the
-            cancel) once the gateway has sent some of its audio to Twilio."""
-            after = [e for e in worker_bus.uplink_seen if e.get("type") == "transcript"
-                     and e.get("replaces_previous")]
-            starts = [bp.decode(e) for e in worker_bus.downlink_sent
-                      if e.get("type") == "utterance_start"]
-            ids = [s.utterance_id for s in starts if isinstance(s, bp.UtteranceStart)
-                   and after and s.reply_to == after[0]["eid"]]
-            return ids[0] if ids and marked(ids[0]) else None
-
-        played: str | None = None
-        try:
-            for line in recording_messages(rec.source(NAME)):
-                if json.loads(line).get("event") == "stop":
-                    break  # the call ends below
-                await session.handle_text(line)
-                if session.info is not None and downlink is None:
-                    downlink = asyncio.create_task(session.run_downlink())
-                if resumed.is_set() and not stale_in.is_set():
-                    # The interrupt is out: the caller goes on once the stale reply is in.
-                    await guard(stale_in.wait())
-                    stale_id = next(e["utterance_id"] for e in worker_bus.downlink_sent
-                                    if e.get("type") == "utterance_start")
-                    assert not marked(stale_id), "the cancelled turn's reply went to Twilio"
-                if whole_turn.is_set() and played is None:
-                    async with sent_more:
-                        await guard(sent_more.wait_for(lambda: whole_reply() is not None))
-                    played = whole_reply()
-            assert worker_bus.reply_sent.is_set(), "the race did not happen"
-            assert played is not None, "no whole turn"
-        finally:
-            await session.end("stop")
-            if downlink is not None:
-                downlink.cancel()
-                await asyncio.gather(downlink, return_exceptions=True)
-            await guard(worker.join(session.info.call_sid if session.info else ""))
-            worker_task.cancel()
-            await asyncio.gather(worker_task, return_exceptions=True)
-            await worker.aclose()
-
-    up = [bp.decode(e) for e in worker_bus.uplink_seen]
-    down = [bp.decode(e) for e in worker_bus.downlink_sent]
-
-    def first_of(kind: str, **match: Any) -> Event:
-        return next(e for e in worker_bus.uplink_seen if e.get("type") == kind
-                    and all(e.get(k) == v for k, v in match.items()))
-
-    first, cancel = first_of("transcript"), first_of("interrupt")
-    whole = first_of("transcript", replaces_previous=True)
-    assert bp.decode(cancel) == bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
-                                             reason="resumed", t_ms=cancel["t_ms"])
-    stale = next(e for e in down if isinstance(e, bp.UtteranceStart))
-    assert stale.reply_to == first["eid"] and stale.interruptible
+    await race.run(until=whole_reply_played)
+    first, stale = race.check_the_race()
     # The call went on with the whole turn, answered by an utterance that played.
-    assert bp.decode(whole).text.startswith(bp.decode(first).text)  # type: ignore[union-attr]
-    answer = next(e for e in down if isinstance(e, bp.UtteranceStart)
-                  and e.reply_to == whole["eid"])
-    assert played == answer.utterance_id
+    whole = bp.decode(race.uplink("transcript", replaces_previous=True)[0])
+    assert isinstance(whole, bp.Transcript) and whole.text.startswith("what is my what is my")
     # Nothing of the stale reply went to Twilio, and the timeline says why.
-    assert not marked(stale.utterance_id)
-    dropped = [e for e in timeline.events if e["type"] == "bot_utterance_interrupted"
+    assert not race.marked(stale.utterance_id)
+    events = race.timeline.events
+    dropped = [e for e in events if e["type"] == "bot_utterance_interrupted"
                and e["utterance_id"] == stale.utterance_id]
     assert len(dropped) == 1 and dropped[0]["stale"] is True
     assert dropped[0]["before_audio"] is True and dropped[0]["reason"] == "resumed"
     assert dropped[0]["reply_to"] == first["eid"]
     assert not any(e["type"] == "bot_utterance_started" and e["utterance_id"] == stale.utterance_id
-                   for e in timeline.events)
+                   for e in events)
     # The worker was told it was not heard, and its words are in no context.
-    told = [e for e in up if isinstance(e, bp.Playback) and e.utterance_id == stale.utterance_id]
+    told = [e for e in (bp.decode(x) for x in race.uplink("playback"))
+            if isinstance(e, bp.Playback) and e.utterance_id == stale.utterance_id]
     assert [(e.state, e.heard_ms) for e in told] == [("interrupted", 0.0)]
-    assert all(STALE not in str(m.get("content")) for m in node[0].context.messages)
+    assert race.node is not None
+    assert all(STALE not in str(m.get("content")) for m in race.node.context.messages)
+
+
+async def test_a_non_interruptible_reply_to_a_cancelled_turn_plays_and_the_next_words_are_a_turn(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    race = _Race(redis_server.url, interruptible=False)
+    await race.run(until=lambda: True)  # the next transcript is out: nothing more to wait for
+    first, stale = race.check_the_race()
+    assert race.marked(stale.utterance_id)  # never held: it plays
+    assert not any(e["type"] == "bot_utterance_interrupted" and e.get("stale")
+                   for e in race.timeline.events)
+    # The cancelled turn was answered after all: the caller's next words are a turn of their
+    # own, not the whole turn replacing it.
+    after = bp.decode(race.uplink("transcript")[1])
+    assert after == bp.Transcript(text="what is my", t_ms=after.t_ms)  # type: ignore[union-attr]
+    assert race.node is not None
+    assert {"role": "assistant", "content": STALE} in race.node.context.messages
