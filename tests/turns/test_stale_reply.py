@@ -9,6 +9,7 @@ drops one that answers the cancelled turn, sends none of it to Twilio, says so i
 and tells the worker (``playback {state: interrupted, heard_ms: 0}``), and the call goes on with
 the whole turn's reply.
 
+The same for the reply to a speculative partial that its final revised (``reason: revised``).
 A non-interruptible reply is never dropped: it plays, and the caller's next words are a turn of
 their own (not merged with the cancelled turn's).
 
@@ -117,14 +118,18 @@ class _Race:
     """One call of NAME through a real gateway and worker on Redis, the race forced: the frames
     stop while the stale reply travels, and (``until``) while the call's next answer does."""
 
-    def __init__(self, url: str, *, interruptible: bool) -> None:
+    def __init__(self, url: str, *, interruptible: bool, recording: str = NAME,
+                 turn: TurnSettings = TurnSettings(mode="silence", silence_ms=200),
+                 words: Callable[[], Any] = lambda: _Words()) -> None:
         self.url = url
         self.interruptible = interruptible
+        self.recording, self.turn, self.words = recording, turn, words
         self.sent: list[dict[str, Any]] = []
         self.sent_more = asyncio.Condition()
         self.timeline = Timeline()
         self.stale_in = asyncio.Event()  # the first utterance's end reached the gateway
         self.resumed = asyncio.Event()  # the gateway cancelled the first turn's reply
+        self.reason = ""
         self.next_turn = asyncio.Event()  # ... and published the next final transcript
         self.node: _Replier | None = None
         self.worker_bus: _HoldsTheInterrupt | None = None
@@ -133,10 +138,11 @@ class _Race:
             lambda t, e: self.stale_in.set() if isinstance(e, bp.UtteranceEnd) else None)
 
     def _on_event(self, e: dict[str, Any]) -> None:
-        if e["type"] == "turn_resumed":
+        if e["type"] == "turn_resumed" or e["type"] == "transcript" and e.get("revises"):
+            self.reason = self.reason or ("resumed" if e["type"] == "turn_resumed" else "revised")
             self.resumed.set()
-        elif (e["type"] == "transcript" and e["final"] and not e.get("dropped")
-              and self.resumed.is_set()):
+        if (e["type"] == "transcript" and e["final"] and not e.get("dropped")
+                and self.resumed.is_set()):
             self.next_turn.set()
 
     async def _send(self, text: str) -> None:
@@ -159,7 +165,10 @@ class _Race:
         return [s for s in (bp.decode(e) for e in self.worker_bus.downlink_sent)
                 if isinstance(s, bp.UtteranceStart)]
 
-    async def run(self, until: Callable[[], bool]) -> None:
+    async def run(self, until: Callable[[], bool], after: Callable[[], bool] = lambda: True
+                  ) -> None:
+        """Feed the recording; once the next turn's transcript is out, wait for ``until``
+        before the next frame; after the last frame, wait for ``after``."""
         async with (RedisBus(self.url) as gateway_bus, RedisBus(self.url) as raw,
                     VadEngine(runtime="onnx", max_wait_ms=2.0) as engine):
             worker_bus = self.worker_bus = _HoldsTheInterrupt(raw)
@@ -174,12 +183,12 @@ class _Race:
             worker_task = asyncio.create_task(worker.run())
             session = CallSession(
                 send=self._send, bus=gateway_bus, vad=engine, timeline=self.timeline,
-                settings=CallSettings(turn=TurnSettings(mode="silence", silence_ms=200)),
-                transcriber_for=lambda info: _Words(), transcribe_inline=True)
+                settings=CallSettings(turn=self.turn),
+                transcriber_for=lambda info: self.words(), transcribe_inline=True)
             downlink: asyncio.Task[None] | None = None
             waited = False
             try:
-                for line in recording_messages(rec.source(NAME)):
+                for line in recording_messages(rec.source(self.recording)):
                     if json.loads(line).get("event") == "stop":
                         break  # the call ends below
                     await session.handle_text(line)
@@ -198,6 +207,8 @@ class _Race:
                         waited = True
                 assert worker_bus.reply_sent.is_set(), "the race did not happen"
                 assert waited, "no turn after the cancel"
+                async with self.sent_more:
+                    await guard(self.sent_more.wait_for(after))
             finally:
                 await session.end("stop")
                 if downlink is not None:
@@ -213,7 +224,7 @@ class _Race:
         its turn (``utterance_id`` null: nothing had come yet); returns (turn, reply)."""
         first, cancel = self.uplink("transcript")[0], self.uplink("interrupt")[0]
         assert bp.decode(cancel) == bp.Interrupt(utterance_id=None, heard_ms=0.0,
-                                                 heard_text="", reason="resumed",
+                                                 heard_text="", reason=self.reason or "speech",
                                                  t_ms=cancel["t_ms"])
         stale = self.starts()[0]
         assert stale.reply_to == first["eid"] and stale.interruptible is self.interruptible
@@ -270,3 +281,63 @@ async def test_a_non_interruptible_reply_to_a_cancelled_turn_plays_and_the_next_
     assert after == bp.Transcript(text="what is my", t_ms=after.t_ms)  # type: ignore[union-attr]
     assert race.node is not None
     assert {"role": "assistant", "content": STALE} in race.node.context.messages
+
+
+class _Revising:
+    """A streaming recogniser whose partial at ``turn_likely`` is one word short of its final."""
+
+    class _Stream:
+        def __init__(self) -> None:
+            self._done = asyncio.Event()
+
+        def feed(self, pcm16: bytes) -> None:
+            pass
+
+        async def partials(self) -> AsyncIterator[Transcript]:
+            yield Transcript(text="go forward ten", final=False)
+            await self._done.wait()
+
+        async def partial(self) -> Transcript:
+            return Transcript(text="go forward ten", final=False)
+
+        async def finish(self) -> Transcript:
+            self._done.set()
+            return Transcript(text="go forward ten meters")
+
+        def close(self) -> None:
+            self._done.set()
+
+    def open_stream(self, *, sample_rate: int) -> _Stream:
+        return self._Stream()
+
+
+async def test_a_reply_to_a_revised_speculation_made_before_the_interrupt_is_never_played(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """``turn.speculate``: the partial went out at ``turn_likely``, the final revised it
+    (``interrupt {utterance_id: null, reason: revised}``, then the final with
+    ``replaces_previous``); the reply to the partial, made before the worker read the interrupt,
+    is dropped, and the final's reply plays (at the turn end)."""
+    race = _Race(redis_server.url, interruptible=True, recording="barge_in_command_goforward",
+                 turn=TurnSettings(mode="silence", silence_ms=400, speculate=True),
+                 words=lambda: _Revising())
+
+    def revised_reply_played() -> bool:
+        """The final's reply has audio on the line (or the stale one has: checked below)."""
+        final = race.uplink("transcript", replaces_previous=True)
+        starts = race.starts()
+        return race.marked(starts[0].utterance_id) or any(
+            race.marked(s.utterance_id) for s in starts
+            if final and s.reply_to == final[0]["eid"])
+
+    await race.run(until=lambda: True, after=revised_reply_played)
+    first, stale = race.check_the_race()
+    assert race.reason == "revised" and bp.decode(first) == bp.Transcript(
+        text="go forward ten", t_ms=first["t_ms"])
+    assert not race.marked(stale.utterance_id)
+    final = race.uplink("transcript", replaces_previous=True)[0]
+    assert bp.decode(final).text == "go forward ten meters"  # type: ignore[union-attr]
+    assert any(race.marked(s.utterance_id) for s in race.starts() if s.reply_to == final["eid"])
+    dropped = [e for e in race.timeline.events if e["type"] == "bot_utterance_interrupted"
+               and e["utterance_id"] == stale.utterance_id]
+    assert len(dropped) == 1 and dropped[0]["stale"] is True and dropped[0]["reason"] == "revised"
