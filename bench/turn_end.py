@@ -14,9 +14,12 @@ The turns (all real human voices unless marked):
   (nothing but the caller's room tone and line hiss under the speech); speech events less than
   1.5 s apart are one turn (long_turn_librivox is one turn with two ~460 ms pauses between
   sentences; the labels' ``segments_ms`` pauses count too);
-* the same turns with a hesitation pause inserted at a word gap (the quietest 40 ms run inside
-  20-85% of a segment, up to three per turn) of 200, 350, 500, 750, 1000 and 1500 ms of the
-  line's own noise level: the phrase before the pause is unfinished;
+* the same turns with a hesitation pause inserted between two words of a phrase (up to three
+  per turn: the quietest 40 ms runs inside 20-85% of a segment, each moved to the nearest
+  aligned word end that the next word follows at once; a turn without words keeps the quiet
+  run itself, which is often a stop closure inside a word, ``--quiet-cuts``) of 200, 350, 500,
+  750, 1000 and 1500 ms of the line's own noise level: the phrase before the pause is
+  unfinished;
 * complete short answers: the real "yes" of the dev set, and eSpeak NG "no", "yes" and a digit
   string (marked ``espeak``: no real human recording of them is here).
 
@@ -288,11 +291,58 @@ def _snap_to_word_ends(cuts: Sequence[int], words: Sequence[Word]) -> list[int]:
     return sorted({min(ends, key=lambda e: abs(e - c)) for c in cuts})
 
 
+def _level_db(x: Floats, centre: int, half: int = 160) -> float:
+    """The level of the 40 ms of ``x`` centred on sample ``centre``, in dB (full scale 0)."""
+    seg = x[max(0, centre - half):centre + half].astype(np.float64)
+    return float(10 * np.log10(np.mean(seg ** 2) + 1e-12)) if len(seg) else -120.0
+
+
+def cut_levels(recordings: Path = RECORDINGS) -> list[dict[str, Any]]:
+    """Where the standard hesitation cuts fall, without listening: for each distinct cut of a
+    turn with aligned words, whether it is more than 30 ms inside a word, the level of its
+    40 ms and, in the same turn, the levels at the word gaps inside a phrase (a word end
+    followed within 100 ms by the next word: where ``_snap_to_word_ends`` puts a pause), each
+    in dB below the turn's loudest 40 ms."""
+    aligned = _load_words()
+    out: list[dict[str, Any]] = []
+    for labels, x in _labelled_audio(recordings):
+        for gi, group in enumerate(_turn_groups(labels)):
+            start = max(0, int((group[0]["start_ms"] - 400) * 8))
+            clip = x[start:int(group[-1]["end_ms"] * 8)]
+            keys = [_event_key(labels, e) for e in group]
+            if group[-1]["end_ms"] - group[0]["start_ms"] < 800 or not all(
+                    k in aligned for k in keys):
+                continue
+            words = [(str(w), float(w0) - start / 8, float(w1) - start / 8)
+                     for k in keys for w, w0, w1 in aligned[k]]
+            frames = clip[: len(clip) // 320 * 320].astype(np.float64).reshape(-1, 320)
+            peak = float(10 * np.log10(np.max(np.mean(frames ** 2, axis=1)) + 1e-12))
+            gaps = [int(round((w1 + n0) / 2 * 8)) for (_, _, w1), (_, n0, _)
+                    in zip(words, words[1:], strict=False) if n0 - w1 < 100]
+            gap_db = [round(_level_db(clip, g) - peak, 1) for g in gaps]
+            cuts: list[int] = []
+            for e in group:
+                for s0, s1 in e.get("segments_ms") or [[e["start_ms"], e["end_ms"]]]:
+                    cuts += _word_gaps(clip, int((s0 - start / 8) * 8),
+                                       int((s1 - start / 8) * 8), 3)
+            for cut in cuts[:3]:
+                t = cut / 8
+                inside = next((w for w, w0, w1 in words if w0 + 30 < t < w1 - 30), None)
+                db = _level_db(clip, cut) - peak
+                out.append({"turn": f"{labels['name']}#{gi}", "voice": str(group[0]["voice"]),
+                            "split": VOICE_SPLIT.get(str(group[0]["voice"]), "check"),
+                            "cut_ms": round(t, 1), "inside_word": inside,
+                            "cut_db": round(db, 1), "gap_db": gap_db,
+                            "gaps_quieter": sum(g <= db for g in gap_db)})
+    return out
+
+
 def build_cases(recordings: Path = RECORDINGS, espeak: bool = True,
-                word_gap_cuts: bool = False) -> list[Case]:
-    """The labelled turns (module docstring). ``word_gap_cuts``: the hesitation pauses go at
-    the aligned word ends nearest the quietest-40-ms cuts instead (69% of those fall inside a
-    word: docs/turns.md), named ``@wcutN+D``; turns without words keep their cuts."""
+                quiet_cuts: bool = False) -> list[Case]:
+    """The labelled turns (module docstring). The hesitation pauses go at the aligned word ends
+    nearest the quietest-40-ms cuts, named ``@wcutN+D`` (turns without words keep the quiet
+    cuts, ``@cutN+D``); ``quiet_cuts``: at the quietest 40 ms themselves, the placement before
+    session 9, 18 of 26 of them inside a word (a stop closure: ``cut_levels``, docs/turns.md)."""
     rng = np.random.default_rng(17)
     cases: list[Case] = []
     aligned = _load_words()
@@ -326,7 +376,7 @@ def build_cases(recordings: Path = RECORDINGS, espeak: bool = True,
             for s0, s1 in segs:
                 cuts += _word_gaps(clip, int(s0 * 8), int(s1 * 8), 3)
             tag = "cut"
-            if word_gap_cuts and words is not None:
+            if not quiet_cuts and words is not None:
                 cuts, tag = _snap_to_word_ends(cuts[:3], words), "wcut"
             for ci, cut in enumerate(cuts[:3]):
                 for d in PAUSES_MS:
@@ -1033,9 +1083,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smart-turn", type=Path, metavar="WHEEL",
                     help="a pipecat_ai-*.whl: also evaluate its smart-turn v3 model")
     ap.add_argument("--no-espeak", action="store_true", help="no synthetic short answers")
-    ap.add_argument("--word-gap-cuts", action="store_true",
-                    help="insert the hesitation pauses at aligned word ends, not the quietest "
-                    "40 ms (which is often a stop closure inside a word); not with --fit")
+    ap.add_argument("--quiet-cuts", action="store_true",
+                    help="insert the hesitation pauses at the quietest 40 ms of a segment (often "
+                    "a stop closure inside a word), not at the nearest aligned word end: the "
+                    "placement before session 9; not with --fit")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     ap.add_argument("--patience", type=float, nargs="*", default=[],
                     help="also score the prosody detector with these turn.patience values")
@@ -1059,10 +1110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(an experiment: candidates picked on train as --fit picks, reported on both)")
     ap.add_argument("--align", action="store_true",
                     help="force-align the labels' texts and write bench/data/turn_words.json")
+    ap.add_argument("--cut-levels", action="store_true",
+                    help="print where the standard hesitation cuts fall (inside a word or "
+                    "not, their level against the turn's word gaps) and exit")
     ap.add_argument("--scored", type=Path, help=argparse.SUPPRESS)  # a pickle of score(): reruns
     args = ap.parse_args(argv)
-    if args.fit and args.word_gap_cuts:
-        print("error: --fit is made on the standard cases, not with --word-gap-cuts",
+    if args.fit and args.quiet_cuts:
+        print("error: --fit is made on the standard cases, not with --quiet-cuts",
               file=sys.stderr)
         return 2
     if args.smart_turn is not None and not args.smart_turn.is_file():
@@ -1070,6 +1124,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import asyncio
 
+    if args.cut_levels:
+        levels = cut_levels()
+        for c in levels:
+            print(json.dumps(c))
+        inside = [c for c in levels if c["inside_word"]]
+        gaps = [g for c in levels for g in c["gap_db"]]
+        print(f"# {len(inside)} of {len(levels)} cuts inside a word; cut level median "
+              f"{np.median([c['cut_db'] for c in levels]):.1f} dB (inside a word "
+              f"{np.median([c['cut_db'] for c in inside]):.1f}), word gaps median "
+              f"{np.median(gaps):.1f} dB (n={len(gaps)}), below the turn's loudest 40 ms")
+        return 0
     if args.align:
         words = align_recordings()
         WORDS_FILE.write_text(json.dumps(words, indent=0, sort_keys=True) + "\n")
@@ -1082,7 +1147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scored = pickle.loads(args.scored.read_bytes())  # noqa: S301 - our own file
         cases = [sc.case for sc in scored]
     else:
-        cases = build_cases(espeak=not args.no_espeak, word_gap_cuts=args.word_gap_cuts)
+        cases = build_cases(espeak=not args.no_espeak, quiet_cuts=args.quiet_cuts)
         scored = asyncio.run(score(cases))
         if args.scored is not None:
             import pickle
@@ -1095,7 +1160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = {split: [r for sc in scored if sc.case.split == split for r in features_at_pauses(sc)]
             for split in ("train", "check")}
     train = [sc for sc in scored if sc.case.split == "train"]
-    if FIT_FILE.exists() and not args.word_gap_cuts:
+    if FIT_FILE.exists() and not args.quiet_cuts:
         shipped = json.loads(FIT_FILE.read_text())["source"]["verdicts_sha256"]
         if shipped != verdicts_digest(train):
             print("# the VAD chain's verdicts on the train turns are not the ones the shipped "

@@ -13,7 +13,7 @@ reads an event's fields (``tests/bus/test_protocol.py`` greps the tree for hand-
 * **downlink** (worker -> gateway): :class:`UtteranceStart`, :class:`Audio`,
   :class:`UtteranceEnd`, :class:`Hangup`, :class:`Transfer`.
 
-The wire object is ``{"type": ..., "v": "1.1", <fields>}``, fields by their record names; a
+The wire object is ``{"type": ..., "v": "1.2", <fields>}``, fields by their record names; a
 field that is None is left out (a pre-versioned reader tests ``"text" in event``). The bus adds
 ``eid`` (its envelope, see ``bus._base``); :func:`decode` ignores it.
 
@@ -39,6 +39,12 @@ fails with that error in the receiver's log, so roll majors out side by side (a 
 text of a 1.1 audio entry, where the payload is not, and refuses every such event with
 ``EventDecodeError: audio.payload is missing`` in its log (its other events read as before).
 Only gateways read audio, so roll gateways to 1.1 before workers.
+
+1.2 (from 1.1): ``UtteranceStart.reply_to``, optional: the ``eid`` of the uplink event the
+utterance answers. A gateway that cancelled the reply to a turn (``interrupt {reason: resumed}``
+or ``{reason: revised}``) drops every interruptible utterance that still arrives for that turn's
+transcript: audio the worker made before it read the interrupt. A 1.1 worker leaves the field
+out and its utterances play as before (the race stays open for it); a 1.1 gateway ignores it.
 
 The timeline events (``events.jsonl``, ``gateway.timeline``) are another vocabulary: the
 gateway's own record of what it did, never read by the other side of the bus, open by contract
@@ -103,8 +109,8 @@ __all__ = [
     "unpack",
 ]
 
-PROTOCOL_VERSION: Final = (1, 1)
-"""The version this side writes and reads (any ``1.x``): ``"1.1"`` on the wire."""
+PROTOCOL_VERSION: Final = (1, 2)
+"""The version this side writes and reads (any ``1.x``): ``"1.2"`` on the wire."""
 
 _VERSION_TEXT: Final = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 _FRAME: Final = ("type", "v", "eid")  # the envelope: never a record's field
@@ -243,6 +249,11 @@ class UtteranceStart:
     """False for a node with ``is_interruptible=False``: the caller hears it in full."""
     text: str | None = None
     """The whole text when it is known up front (``speak``); else it comes with the audio."""
+    reply_to: str | None = None
+    """The ``eid`` of the uplink event it answers (the final transcript of the turn, the key
+    press, ``call_started`` for a greeting); None when no uplink event caused it (1.2). The
+    gateway drops an interruptible utterance that answers a transcript whose reply it cancelled
+    (``interrupt`` ``resumed`` / ``revised``): the worker made it before it read the interrupt."""
     type: Literal["utterance_start"] = field(default="utterance_start", init=False)
 
 

@@ -76,6 +76,9 @@ _PLAYBACK_STATES: dict[str, bp.PlaybackState] = {
 }
 _NO_SAMPLES = np.zeros(0, dtype=np.float32)
 PREROLL_FRAMES = 25  # inbound frames (20 ms) kept to give speech to text the speech's onset
+# Cancelled turns remembered per call (a stale reply answers one of the last few; a resume is
+# a pause of the caller's, so a call has a handful).
+_KEPT_CANCELLED = 64
 
 
 class CallRejected(Exception):
@@ -203,6 +206,12 @@ class CallSession:
         # turn.speculate: (stream, text sent, merged prefix) while its final is on its way.
         self._speculated: tuple[Any, str, str | None] | None = None
         self._turn_over_uninterruptible = False  # the last turn was spoken over such a reply
+        # The bus eid of the last final transcript published (the turn the next reply answers),
+        # and the turns whose reply was cancelled (eid -> why, its text): an interruptible
+        # utterance answering one of them (``utterance_start.reply_to``) was made before the
+        # worker read the interrupt, and is dropped unheard when it comes (_stale_reply).
+        self._reply_eid: str | None = None
+        self._cancelled_turns: dict[str, tuple[bp.InterruptReason, str]] = {}
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -213,10 +222,11 @@ class CallSession:
     def emit(self, type_: str, **fields: Any) -> dict[str, Any]:
         return self.timeline.emit(self.now_ms, type_, **fields)
 
-    async def publish(self, event: bp.UplinkEvent) -> None:
+    async def publish(self, event: bp.UplinkEvent) -> str | None:
+        """Put ``event`` on the call's uplink; returns its bus ``eid`` (None before ``start``)."""
         if self.info is None:
-            return
-        await self._bus.publish(self.info.call_sid, bp.encode(event))
+            return None
+        return await self._bus.publish(self.info.call_sid, bp.encode(event))
 
     # -- Twilio side -----------------------------------------------------------------------
     async def handle_text(self, text: str | bytes) -> None:
@@ -454,8 +464,8 @@ class CallSession:
         whole = f"{prefix} {text}".strip() if prefix else text
         extra: dict[str, Any] = {"replaces_previous": True} if prefix is not None else {}
         self.emit("transcript", text=whole, final=True, speculative=True, **extra)
-        await self.publish(bp.Transcript(text=whole, final=True,
-                                         replaces_previous=prefix is not None, t_ms=self.now_ms))
+        self._reply_eid = await self.publish(bp.Transcript(
+            text=whole, final=True, replaces_previous=prefix is not None, t_ms=self.now_ms))
         self._unanswered = whole
         self._turn_end_ms = self.now_ms
         self._speculated = (stream, whole, prefix)
@@ -475,14 +485,15 @@ class CallSession:
             # The reply is heard already (or must be): too late to make it again.
             self.emit("transcript", text=whole, final=True, dropped="late")
             return
+        self._cancel_reply("revised", said)
         if u is not None:
             await self._interrupt(reason="revised")
         else:  # still being made: the worker cancels it (unknown utterance)
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="revised", t_ms=self.now_ms))
         self.emit("transcript", text=whole, final=True, replaces_previous=True, revises=True)
-        await self.publish(bp.Transcript(text=whole, final=True, replaces_previous=True,
-                                         t_ms=self.now_ms))
+        self._reply_eid = await self.publish(bp.Transcript(
+            text=whole, final=True, replaces_previous=True, t_ms=self.now_ms))
         self._unanswered = whole
 
     async def _hold_reply(self, text: str) -> None:
@@ -492,6 +503,7 @@ class CallSession:
         that must be heard in full plays (the policy's ``drop_reply`` is False for it)."""
         u = self.playback.current
         self._merge_text = text
+        self._cancel_reply("resumed", text)
         self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
                   after_ms=round(self.now_ms - self._turn_end_ms, 1))
         if u is not None:
@@ -500,6 +512,35 @@ class CallSession:
             # The reply is still being generated: the worker cancels it (unknown utterance).
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="resumed", t_ms=self.now_ms))
+
+    def _cancel_reply(self, reason: bp.InterruptReason, text: str) -> None:
+        """The reply to the last turn published is cancelled: whatever still comes for it is
+        audio made before the worker read the interrupt (a real bus has it in flight)."""
+        if self._reply_eid is None:
+            return
+        self._cancelled_turns[self._reply_eid] = (reason, text)
+        if len(self._cancelled_turns) > _KEPT_CANCELLED:
+            del self._cancelled_turns[next(iter(self._cancelled_turns))]
+
+    async def _stale_reply(self, event: bp.UtteranceStart) -> None:
+        """``event`` answers a turn whose reply was cancelled: it was made before the worker
+        read the interrupt. An interruptible one is dropped before any of it is sent (timeline
+        ``bot_utterance_interrupted {before_audio, stale}``; the worker hears ``playback
+        {state: interrupted, heard_ms: 0}``). A non-interruptible one is never held: it plays,
+        so the turn was answered after all, and the caller's new words are a turn of their own
+        (the merge of the cancelled turn's words into them is undone)."""
+        if event.reply_to is None or event.reply_to not in self._cancelled_turns:
+            return
+        reason, text = self._cancelled_turns[event.reply_to]
+        if event.interruptible:
+            await self._apply(self.playback.drop(event.utterance_id, stale=True, reason=reason,
+                                                 reply_to=event.reply_to))
+            return
+        merge = self._merge_text
+        if merge is not None and merge.startswith(text):
+            self._merge_text = merge[len(text):].strip() or None
+            self._log.info("a non-interruptible reply to a cancelled turn plays; the caller's "
+                           "next words are a new turn (utterance %s)", event.utterance_id)
 
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:
@@ -583,8 +624,9 @@ class CallSession:
             extra["replaces_previous"] = True
         self.emit("transcript", text=text, final=True, **extra)
         if text and not dropped:
-            await self.publish(bp.Transcript(text=text, final=True, t_ms=self.now_ms,
-                                             replaces_previous="replaces_previous" in extra))
+            self._reply_eid = await self.publish(bp.Transcript(
+                text=text, final=True, t_ms=self.now_ms,
+                replaces_previous="replaces_previous" in extra))
             self._unanswered = text
             self._turn_end_ms = self.now_ms
 
@@ -646,6 +688,7 @@ class CallSession:
                 case bp.UtteranceStart():
                     self.playback.start(event.utterance_id, node=event.node,
                                         interruptible=event.interruptible, text=event.text or "")
+                    await self._stale_reply(event)
                 case bp.Audio():
                     added = self.playback.add_audio(event.utterance_id, event.payload)
                     if added and event.text is not None:

@@ -315,6 +315,18 @@ class Playback:
             self._drop_unplayed(later, out)
         return u, out
 
+    def drop(self, utterance_id: str, **why: Any) -> Outcome:
+        """Drop a queued utterance before any of its audio is sent (the reply to a turn the call
+        had cancelled, arriving after the cancel): ``bot_utterance_interrupted`` with
+        ``before_audio`` and ``why``; its audio is refused from now on. Nothing happens to one
+        that is unknown or already past ``QUEUED``."""
+        u = self._by_id.get(utterance_id)
+        out = Outcome()
+        if u is not None and u.state is UtteranceState.QUEUED:
+            self._drop_unplayed(u, out)
+            out.events[-1].update(why)
+        return out
+
     def _drop_unplayed(self, u: Utterance, out: Outcome) -> None:
         u.state = UtteranceState.INTERRUPTED
         self._queue.remove(u)

@@ -170,6 +170,11 @@ class TurnClock:
                 turn.transcript_ms = t
             elif turn.commit_ms is not None and turn.transcript_ms is None:
                 turn.transcript_ms = t
+        elif (kind == "bot_utterance_interrupted" and e.get("before_audio")
+              and e.get("utterance_id") == turn.utterance_id):
+            # Dropped before a sound of it was sent (a stale reply to a cancelled turn, one the
+            # worker cut): the turn's reply is the next utterance.
+            turn.utterance_id = turn.llm_first_text_ms = turn.tts_first_audio_ms = None
         elif kind == "bot_utterance_started" and e.get("utterance_id") == turn.utterance_id:
             turn.first_audio_ms = float(e.get("play_at_ms", t))
         elif kind == "bot_utterance_heard" and e.get("utterance_id") == turn.utterance_id:

@@ -16,7 +16,8 @@ logged and acked, never fed to the graph. Uplink (gateway -> worker):
 * ``SpeechStarted`` / ``SpeechStopped`` -> ``system.user.started_speaking`` / ``stopped_speaking``
 * ``Dtmf`` -> ``system.user.dtmf`` (``SDKSystemUserDTMFEvent``)
 * ``Playback``: what the caller has heard of an utterance; with a lookahead it paces the
-  responses (below)
+  responses (below); ``interrupted`` with nothing heard cuts an interruptible utterance the
+  worker has not cut yet (one the gateway dropped as the answer to a turn it had cancelled)
 * ``CallEnded`` -> the session stops; ``InterruptSuppressed`` is acked only.
 
 A call lost to another worker (this one stalled past its lease and the bus says
@@ -34,7 +35,8 @@ call over with that transcript unacked takes the turn out of the context (with w
 the old answer) and handles it again.
 
 Downlink (worker -> gateway), one utterance per response (or ``speak``) of an output node:
-``UtteranceStart`` (``text`` only for ``speak``, where the whole text is known up front), an
+``UtteranceStart`` (``text`` only for ``speak``, where the whole text is known up front;
+``reply_to``, the eid of the uplink event whose reaction made it), an
 ``Audio`` per synthesized piece (with the chunk of text it speaks and where), ``UtteranceEnd``
 (with everything synthesized); ``Hangup`` and ``Transfer`` when a node emits ``agent.end_call``
 or ``agent.transfer_call``, and the worker also ends or redirects the call through Twilio's REST
@@ -688,6 +690,12 @@ class SessionWorker:
         if utterance is None:
             return
         utterance.heard_ms = max(utterance.heard_ms, event.heard_ms)
+        if (event.state == "interrupted" and event.heard_ms == 0 and utterance.interruptible
+                and not utterance.interrupted):
+            # Dropped unheard with no interrupt of its own: the reply to a turn the gateway had
+            # cancelled, made before this worker read that interrupt. Its audio stops here and
+            # its text leaves the context (the whole turn's transcript replaces the turn too).
+            self._cut(utterance, "")
         await self._progressed(state)
 
     # -- pacing -----------------------------------------------------------------------------
@@ -833,6 +841,9 @@ class SessionWorker:
             node=origin.name if origin is not None else "",
             interruptible=utterance.interruptible,
             text=text,
+            # The turn it answers: a gateway that cancelled that turn's reply (the caller
+            # resumed) drops it, as it was made before this worker read the interrupt.
+            reply_to=reaction.key if isinstance(reaction, Reaction) else None,
         ))
         return utterance
 

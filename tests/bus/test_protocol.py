@@ -73,7 +73,7 @@ def _tag(cls: type) -> str:
 def test_every_event_round_trips_through_json(cls: type, data: st.DataObject) -> None:
     event = data.draw(records(cls))
     wire = bp.encode(event, text=True)
-    assert wire["type"] == event.type and wire["v"] == "1.1"
+    assert wire["type"] == event.type and wire["v"] == "1.2"
     text = json.dumps(wire, allow_nan=False)  # a file's line, or protocol 1.0's bus entry
     assert bp.decode(json.loads(text)) == event
     assert bp.decode(text) == event
@@ -85,16 +85,29 @@ def test_wire_format_is_the_documented_one() -> None:
     the bus's eid kept."""
     assert bp.encode(bp.Interrupt(utterance_id="u1", heard_ms=480.0, heard_text="Thanks for",
                                   node="main", reason="speech", t_ms=5200.0)) == {
-        "type": "interrupt", "v": "1.1", "utterance_id": "u1", "heard_ms": 480.0,
+        "type": "interrupt", "v": "1.2", "utterance_id": "u1", "heard_ms": 480.0,
         "heard_text": "Thanks for", "node": "main", "reason": "speech", "t_ms": 5200.0}
     assert bp.encode(bp.Audio(utterance_id="u1", payload=b"\xff\x7f")) == {
-        "type": "audio", "v": "1.1", "utterance_id": "u1", "payload": b"\xff\x7f"}
+        "type": "audio", "v": "1.2", "utterance_id": "u1", "payload": b"\xff\x7f"}
     assert bp.encode(bp.Audio(utterance_id="u1", payload=b"\xff\x7f"), text=True) == {
-        "type": "audio", "v": "1.1", "utterance_id": "u1", "payload": "/38="}
+        "type": "audio", "v": "1.2", "utterance_id": "u1", "payload": "/38="}
     assert bp.encode(bp.Interrupt(reason="resumed", t_ms=1.0)) == {
-        "type": "interrupt", "v": "1.1", "reason": "resumed", "t_ms": 1.0}
+        "type": "interrupt", "v": "1.2", "reason": "resumed", "t_ms": 1.0}
     assert bp.encode(bp.Hangup(), eid="CA1-gateway-lost") == {
-        "type": "hangup", "v": "1.1", "eid": "CA1-gateway-lost"}
+        "type": "hangup", "v": "1.2", "eid": "CA1-gateway-lost"}
+
+
+def test_an_utterance_says_which_uplink_event_it_answers() -> None:
+    """1.2's ``reply_to``: on the wire when set, left out when not; a 1.1 worker's
+    ``utterance_start`` (no such field) reads as one that answers nothing known."""
+    start = bp.UtteranceStart(utterance_id="utt-g-7-0", node="main", reply_to="g-7")
+    assert bp.encode(start) == {"type": "utterance_start", "v": "1.2", "utterance_id": "utt-g-7-0",
+                                "node": "main", "interruptible": True, "reply_to": "g-7"}
+    assert bp.decode(bp.encode(start)) == start
+    assert "reply_to" not in bp.encode(bp.UtteranceStart(utterance_id="u"))
+    older = {"type": "utterance_start", "v": "1.1", "utterance_id": "u", "node": "main"}
+    assert bp.decode(older) == bp.UtteranceStart(utterance_id="u", node="main")
+    assert bp.decode(older).reply_to is None  # type: ignore[union-attr]
 
 
 def test_events_of_senders_before_the_protocol_was_versioned_still_read() -> None:
@@ -127,6 +140,10 @@ MALFORMED = [
      "playback.heard_ms", "playback.heard_ms is missing"),
     ({"type": "utterance_start", "utterance_id": "u", "interruptible": "no"}, EventDecodeError,
      "utterance_start.interruptible", "must be a boolean, got a string"),
+    ({"type": "utterance_start", "utterance_id": "u", "reply_to": 17}, EventDecodeError,
+     "utterance_start.reply_to", "utterance_start.reply_to must be a string, got a number"),
+    ({"type": "utterance_start", "utterance_id": "u", "reply_to": ["g-1"]}, EventDecodeError,
+     "utterance_start.reply_to", "must be a string, got an array"),
     ({"type": "audio", "utterance_id": "u", "payload": "%%%"}, EventDecodeError, "audio.payload",
      "audio.payload is not valid base64"),
     ({"type": "audio", "utterance_id": "u", "payload": 7}, EventDecodeError, "audio.payload",
@@ -179,7 +196,7 @@ def test_a_newer_major_version_fails_naming_both_versions() -> None:
     with pytest.raises(VersionMismatchError) as info:
         bp.decode({"type": "interrupt", "v": "2.0", "utterance_id": "u", "heard_ms": 1})
     assert info.value.version == "2.0" and info.value.field == "v"
-    assert "version 2.0" in str(info.value) and "speaks 1.1" in str(info.value)
+    assert "version 2.0" in str(info.value) and "speaks 1.2" in str(info.value)
     with pytest.raises(VersionMismatchError, match="version 0.9"):
         bp.decode({"type": "hangup", "v": "0.9"})
 

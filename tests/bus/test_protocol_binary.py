@@ -36,7 +36,7 @@ def test_every_event_round_trips_through_pack(cls: type, data: st.DataObject) ->
     event = data.draw(records(cls))
     text, binaries = bp.pack(bp.encode(event, eid="g-1"))
     stored = json.loads(text)
-    assert stored["v"] == "1.1" and stored["eid"] == "g-1"
+    assert stored["v"] == "1.2" and stored["eid"] == "g-1"
     if isinstance(event, bp.Audio):  # the payload beside the text, as it is
         assert binaries == (("payload", event.payload),) and "payload" not in stored
     else:

@@ -62,6 +62,6 @@ async def test_undecodable_downlink_events_are_logged_and_skipped(
     skipped = [m for m in caplog.messages if m.startswith("skipped downlink event")]
     assert len(skipped) == 3, caplog.messages
     assert "audio.payload is not valid base64" in skipped[0]
-    assert "version 2.0" in skipped[1] and "speaks 1.1" in skipped[1]
+    assert "version 2.0" in skipped[1] and "speaks 1.2" in skipped[1]
     assert "unknown event type 'teleport'" in skipped[2]
 

@@ -41,4 +41,4 @@ async def test_undecodable_uplink_events_are_logged_and_skipped(
     skipped = [m for m in caplog.messages if "uplink event skipped" in m]
     assert len(skipped) == 2, caplog.messages
     assert "interrupt.heard_ms must be a number, got a string" in skipped[0]
-    assert "version 2.0" in skipped[1] and "speaks 1.1" in skipped[1]
+    assert "version 2.0" in skipped[1] and "speaks 1.2" in skipped[1]

@@ -56,7 +56,8 @@ def test_every_turn_with_a_transcript_has_its_words_in_order() -> None:
         assert c.words[-1][2] <= c.end_ms + 1, c.name
     # A hesitation case's words: the natural turn's, those after the cut later by the pause.
     natural = next(c for c in cases if c.name == "barge_in_timit#0")
-    hes = next(c for c in cases if c.name == "barge_in_timit#0@cut2+500")
+    hes = next(c for c in cases if c.name.startswith("barge_in_timit#0@wcut")
+               and c.name.endswith("+500"))
     cut = next(p0 for p0, p1 in hes.pauses if p1 - p0 == 500)
     assert natural.words is not None and hes.words is not None
     for (w, s, e), (w2, s2, e2) in zip(natural.words, hes.words, strict=True):
@@ -113,14 +114,16 @@ def test_the_word_file_is_what_the_aligner_gives() -> None:
 
 
 def test_word_gap_cuts_put_every_pause_between_two_words() -> None:
-    """``--word-gap-cuts``: the quietest-40-ms cuts fall inside a word in 18 of 26 places (a stop
-    closure); moved to the nearest word end inside a phrase, none does, and a pause already
-    there (a word gap of 100 ms or more) is not lengthened."""
+    """The standard cases: the quietest-40-ms cuts fall inside a word in 18 of 26 places (a stop
+    closure; ``--quiet-cuts`` keeps them there); moved to the nearest word end inside a phrase,
+    none does, and a pause already there (a word gap of 100 ms or more) is not lengthened."""
     words = (("go", 0.0, 170.0), ("forward", 170.0, 700.0), ("ten", 900.0, 1260.0),
              ("meters", 1260.0, 1840.0))
     assert turn_end._snap_to_word_ends([1000 * 8, 1150 * 8], words) == [1260 * 8]
     assert turn_end._snap_to_word_ends([600 * 8], words) == [170 * 8]
-    for c in turn_end.build_cases(espeak=False, word_gap_cuts=True):
+    levels = turn_end.cut_levels()
+    assert (sum(c["inside_word"] is not None for c in levels), len(levels)) == (18, 26)
+    for c in turn_end.build_cases(espeak=False):
         if c.kind != "hesitation" or c.words is None:
             continue
         assert "@wcut" in c.name
