@@ -155,6 +155,17 @@ class GateReading:
     a delayed, attenuated copy of what the bot played, so it is explained from the first
     window, before any delay lock or canceller convergence; a caller's envelope is not. Equals
     ``level_db`` where no bot audio is in the lag range."""
+    prior_echo_db: float = -100.0
+    """The window's echo as the line's last ``explain_ms`` *before* it predict it (dBFS): the
+    same per-band fit as ``unexplained_db``, on the hops before the window only, at the lag
+    that fits them best, applied to the bot's audio at the window. It follows a path that has
+    changed (a new delay or loss: the fit looks at every lag and learns the loss from the last
+    192 ms), which the locked lag and the slow echo-gain median do not for seconds; a caller's
+    first window is not in the history it is fitted on. -100 where no bot audio is in range."""
+    prior_fit: float = 0.0
+    """How well that fit explains the hops it was fitted on: the share of their squared band
+    energies it accounts for (0-1). Near 1 when the line's last 192 ms were the bot's echo
+    alone, at whatever delay and loss; low when a caller (or a background) is in them."""
 
     @property
     def over_echo_db(self) -> float:
@@ -440,9 +451,10 @@ class EchoGateBank:
         self._inbb.reshape(-1, len(_EXPLAIN_BANDS))[inb_pos] = self._hop_bands(
             x[:, : nh * HOP].reshape(b * nh, HOP)).reshape(b, nh, -1)
         unexplained = e_in.mean(axis=1)  # no bot audio in range: nothing of it is explained
+        prior, prior_fit = np.zeros(b), np.zeros(b)
         if corr.any():
             c = np.flatnonzero(corr)
-            unexplained[c] = self._unexplained(rows[c], h0[c], nh)
+            unexplained[c], prior[c], prior_fit[c] = self._unexplained(rows[c], h0[c], nh)
         # Hops now behind the lag range and the fit's history: zero them for the ring's next lap.
         gone = (((h0[:, None] + np.arange(nh)[None, :] - (nlag - 1) - self._kx) & _MASK)
                 + (rows * _RING)[:, None])
@@ -474,11 +486,13 @@ class EchoGateBank:
         pmax = pred_max.mean(axis=1)
         ref_db = np.where(pmax > 0, _db(pmax), _FLOOR_DB)
         unexplained_db = np.where(unexplained > 0, _db(unexplained), _FLOOR_DB)
+        prior_db = np.where(prior > 0, _db(prior), _FLOOR_DB)
         return [GateReading(*t) for t in zip(level.tolist(), echo_db.tolist(), noise_db.tolist(),
                                              locked.tolist(), passes.tolist(),
                                              echo_free.tolist(), band_snr.tolist(),
                                              ref_db.tolist(), erl.tolist(),
                                              echo_corr.tolist(), unexplained_db.tolist(),
+                                             prior_db.tolist(), prior_fit.tolist(),
                                              strict=True)]
 
     def _hop_bands(self, hops: Floats) -> Floats:
@@ -488,8 +502,11 @@ class EchoGateBank:
         bands: Floats = power @ self._bandsum
         return bands
 
-    def _unexplained(self, rows: np.ndarray, h0: npt.NDArray[np.int64], nh: int) -> Floats:
-        """Mean energy per hop of this window's inbound that the bot's audio does not explain.
+    def _unexplained(self, rows: np.ndarray, h0: npt.NDArray[np.int64],
+                     nh: int) -> tuple[Floats, Floats, Floats]:
+        """Mean energy per hop of this window's inbound that the bot's audio does not explain,
+        (``prior_echo_db``) of the echo the fit on the hops before the window predicts, and
+        (``prior_fit``) the share of those hops' squared energies that fit explains.
 
         Over the last ``_kx`` hops (at least the window), at each lag L in range, each band's
         inbound energies are fitted by a gain times the bot's energies in that band L hops
@@ -533,6 +550,19 @@ class EchoGateBank:
             rest: Floats = np.maximum(yw - fit, 0.0).sum(axis=1) / nh
             return rest
 
+        # The same fit on the history before the window: the window's own hops taken out of
+        # the sums (the gains and the lag from the line as it was before this window).
+        r_w = r[:, k - nh:]
+        sry_p = sry - np.einsum("ckb,cklb->clb", y[:, k - nh:], r_w)
+        srr_p = srr - (sq[:, hi] - sq[:, hi - nh])
+        g_p = np.clip(sry_p / np.maximum(srr_p, 1e-30), 0.0, self._gmax)
+        err_p = (g_p * (g_p * srr_p - 2.0 * sry_p)).sum(axis=2)  # squared error less sum(y^2)
+        lag_p = np.argmin(err_p, axis=1)
+        prior: Floats = (g_p[sel, lag_p] * rw[sel, lag_p]).sum(axis=1) / nh
+        yy_p = (y[:, : k - nh] ** 2).sum(axis=(1, 2))
+        fit_p: Floats = np.clip(-err_p[sel, lag_p] / np.maximum(yy_p, 1e-30), 0.0, 1.0)
+        if k == nh:  # no history before the window: nothing predicts it
+            prior, fit_p = np.zeros(len(rows)), np.zeros(len(rows))
         out = left(np.argmin(err, axis=1))
         # Where the gate has locked the echo delay, that lag (+-1 hop) is the echo's: with four
         # free gains per lag the fit can prefer a lag that suits the history but not the window
@@ -541,7 +571,7 @@ class EchoGateBank:
         for dl in (-1, 0, 1):
             at = np.clip(lag + dl, 0, self._nlag - 1)
             out = np.where(lag >= 0, np.minimum(out, left(at)), out)
-        return out
+        return out, prior, fit_p
 
     def _band_snr(self, rows: np.ndarray, x: Floats, adapt: npt.NDArray[np.bool_],
                   spectrum: Floats | None) -> Floats:

@@ -41,9 +41,9 @@ def _log(rows: list[list[float]], labels: dict[str, object]) -> dict[str, object
 
 def _window(t: float, prob: float, level: float, bot: int = 1) -> list[float]:
     # t, prob, clean, level, echo, noise, locked, free, band, ref, erl, corr, unexplained,
-    # voicing, dtmf, bot
-    return [t, prob, prob, level, -100.0, -35.0, 0, 0, 0.0, -100.0, 0.0, 1.0, level, 0.9, 0.0,
-            bot]
+    # prior_echo, prior_fit, voicing, dtmf, bot
+    return [t, prob, prob, level, -100.0, -35.0, 0, 0, 0.0, -100.0, 0.0, 1.0, level, -100.0,
+            0.0, 0.9, 0.0, bot]
 
 
 @pytest.mark.parametrize(("onset", "detected", "false_stops"), [

@@ -591,3 +591,42 @@ def test_the_unexplained_path_measures_against_what_the_echo_does_not_explain() 
     for _ in range(40):
         masked.step(0.2, tv, NOTHING, PLAYING, clean_prob=0.01)
     assert not masked.is_caller(0.98, STRONG_ECHO_CALLER, VOICED, clean_prob=0.01)
+
+
+# An echo path that just got louder (or moved): the gate's locked lag and its slow echo-gain
+# median predict the echo 15 dB under the window, and AEC3 has not re-converged (the cancelled
+# window still scores 0.6), so the raw gate calls the bot's own voice the caller. The line's
+# last 192 ms, fitted at every delay, predict the window to within 1 dB.
+CHANGED_PATH_ECHO = GateReading(level_db=-24.0, echo_db=-39.0, noise_db=-45.0, echo_locked=True,
+                                passes=True, ref_db=-10.0, erl_db=25.0, echo_corr=0.9,
+                                unexplained_db=-34.0, prior_echo_db=-25.0, prior_fit=0.9)
+
+
+def test_an_echo_the_line_just_before_predicts_never_begins_a_turn() -> None:
+    """``prior_margin_db``: the window that would begin a caller run while the bot talks must
+    stand that far over the echo the line's recent past predicts; the shipped decision without
+    it pauses for the changed path's echo."""
+    guarded = BargeInPolicy(BargeInSettings(prior_margin_db=3.0))
+    unguarded = BargeInPolicy(BargeInSettings(prior_margin_db=None))
+    echo = [d for _ in range(20)
+            for d in guarded.step(0.99, CHANGED_PATH_ECHO, VOICED, PLAYING, clean_prob=0.6)]
+    assert echo == []
+    # Where the fit explains little of the history (a voice in it), it predicts nothing.
+    loose = BargeInPolicy(BargeInSettings(prior_margin_db=3.0))
+    assert loose.is_caller(0.99, replace(CHANGED_PATH_ECHO, prior_fit=0.3), VOICED,
+                           clean_prob=0.6)
+    assert kinds([d for _ in range(2) for d in unguarded.step(
+        0.99, CHANGED_PATH_ECHO, VOICED, PLAYING, clean_prob=0.6)]) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_a_caller_over_the_predicted_echo_begins_a_turn_and_is_not_held_after() -> None:
+    """The caller's first window stands over what the echo's past predicts; once their run has
+    begun, the windows after it are not held by the prediction (their own first window is in
+    the history it is fitted on by then)."""
+    policy = BargeInPolicy(BargeInSettings(prior_margin_db=3.0))
+    first = replace(CHANGED_PATH_ECHO, level_db=-18.0, unexplained_db=-19.0)
+    second = replace(first, prior_echo_db=-19.0)  # the fit has learnt the caller's first window
+    assert policy.step(0.99, first, VOICED, PLAYING, clean_prob=0.9) == []
+    assert kinds(policy.step(0.99, second, VOICED, PLAYING, clean_prob=0.9)) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
