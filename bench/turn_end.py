@@ -2,8 +2,9 @@
 delay added at true ends, per method, fitted on one split of voices and reported on the other.
 
 Run: ``python -m bench.turn_end`` (a minute or two, plus a few minutes for the pocketsphinx rows
-unless ``--no-pocketsphinx``; ``--fit`` refits the model on the train voices and writes it,
-with its inputs' verdicts, to ``vad/turn_fit.json`` and as the defaults in ``vad/_turn.py``;
+unless ``--no-pocketsphinx``; ``--fit`` refits the model on the train voices (a logistic
+regression as the start, then the weights chosen with the waits by the waits' criterion,
+``fit_key``: about a minute) and writes it, with its inputs' verdicts, to ``vad/turn_fit.json`` and as the defaults in ``vad/_turn.py``;
 ``--smart-turn PATH`` adds Pipecat's smart-turn v3 from a ``pipecat_ai-*.whl`` got with
 ``pip download pipecat-ai --no-deps``: nothing is installed, the ONNX model and its numpy
 feature code are read from the wheel).
@@ -649,10 +650,74 @@ def done_wait_methods(settings: TurnSettings, text: TextSource) -> list[tuple[st
     return out
 
 
+PitchTables = dict[str, list[float | None]]
+"""Per case name, each window's pitch in semitones as the detector reads it (None: not voiced
+or not a caller window): ``pitch_tables``."""
+
+
+def pitch_tables(scored: Sequence[Scored]) -> PitchTables:
+    """What ``TurnDetector`` appends to its pitch history at each caller window of each case,
+    computed once: a window's pitch depends on the audio fed so far, never on the weights or
+    the detector's state, so the weight search (``fit_model``) replays it."""
+    from vad._turn import _semitones, window_pitch
+
+    out: PitchTables = {}
+    for sc in scored:
+        det = TurnDetector()
+        row: list[float | None] = []
+        for k, speech in enumerate(sc.speech):
+            end = (k + 1) * 256
+            det.feed(sc.case.audio[k * 256:end])
+            # As TurnDetector._on_speech reads a caller window (the ring is the audio fed).
+            voicing, f0 = window_pitch(det._window(end)) if speech else (0.0, 0.0)  # noqa: SLF001
+            row.append(_semitones(f0) if voicing >= det.VOICED_MIN and f0 > 0 else None)
+        out[sc.case.name] = row
+    return out
+
+
+class _ReplayDetector(TurnDetector):
+    """``TurnDetector`` with each window's pitch read from ``pitch_tables`` and the prosody
+    summary cached by the pitch history it summarises: the same decisions (tests/turns/
+    test_turn_fit.py), about ten times sooner, for the search that runs the detector for every
+    candidate weight and wait."""
+
+    def __init__(self, settings: TurnSettings, pitch: list[float | None],
+                 memo: dict[tuple[float, ...], tuple[float, float]]) -> None:
+        super().__init__(settings)
+        self._table, self._memo = pitch, memo
+
+    def feed(self, samples: npt.ArrayLike) -> None:
+        self._fed += len(np.asarray(samples).ravel())  # the ring is not read: the table is
+
+    def _on_speech(self, end: int) -> None:
+        if self.state is TurnState.IDLE:
+            self._reset_turn()
+        self._speech_ms += 32.0
+        self.last_speech_end_ms = end / 8
+        semitones = self._table[end // 256 - 1]
+        if semitones is not None:
+            self._pitch.append(semitones)
+
+    def _prosody(self) -> tuple[float, float]:
+        key = tuple(self._pitch)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = super()._prosody()
+        return got
+
+
 def detector_method(settings: TurnSettings, text: TextSource | None = None,
-                    make: Callable[[], TurnDetector] | None = None) -> Method:
+                    make: Callable[[], TurnDetector] | None = None,
+                    pitch: PitchTables | None = None) -> Method:
+    """The detector stepped over a case's verdicts (``make``: another detector; ``pitch``: the
+    replay of ``pitch_tables``, the same decisions sooner)."""
+    memo: dict[tuple[float, ...], tuple[float, float]] = {}
+
     def run(sc: Scored) -> list[tuple[float, float]]:
-        det = make() if make is not None else TurnDetector(settings)
+        if pitch is not None:
+            det: TurnDetector = _ReplayDetector(settings, pitch[sc.case.name], memo)
+        else:
+            det = make() if make is not None else TurnDetector(settings)
         ends: list[tuple[float, float]] = []
         likely: float | None = None
         partials = list(text(sc)) if text is not None else []
@@ -854,17 +919,22 @@ def fit_key(o: Outcome, max_false: float = 0.02) -> tuple[float, float]:
     return max(o.audible_1s / max(1, o.pauses_1s), max_false), _pct(o.delays, 50)
 
 
+MIN_WAITS_MS = (200, 300, 400, 500, 600, 800)
+MAX_WAITS_MS = (700, 1000, 1300, 1600, 2000, 2400)
+"""The waits' grid (``fit_waits``; ``search_weights`` steps along it)."""
+
+
 def fit_waits(scored: Sequence[Scored], base: TurnSettings,
-              max_false: float = 0.02) -> TurnSettings:
+              max_false: float = 0.02, pitch: PitchTables | None = None) -> TurnSettings:
     """The (min_wait_ms, max_wait_ms) with the lowest median delay whose audible false ends on
     pauses of at most 1 s stay within ``max_false`` (else the fewest)."""
     best: tuple[float, float, TurnSettings] | None = None
-    for lo in (200, 300, 400, 500, 600, 800):
-        for hi in (700, 1000, 1300, 1600, 2000, 2400):
+    for lo in MIN_WAITS_MS:
+        for hi in MAX_WAITS_MS:
             if hi < lo:
                 continue
             st = replace(base, min_wait_ms=float(lo), max_wait_ms=float(hi))
-            key = fit_key(evaluate(scored, detector_method(st)), max_false)
+            key = fit_key(evaluate(scored, detector_method(st, pitch=pitch)), max_false)
             if best is None or key < best[:2]:
                 best = (*key, st)
     assert best is not None
@@ -904,21 +974,102 @@ def _figures(o: Outcome) -> dict[str, Any]:
             "missed": o.missed, "turns": o.turns}
 
 
+SEARCH_STEPS = {"bias": 0.125, "pitch_position": 0.125, "pitch_slope": 0.0025}
+"""``search_weights``' step per weight (the waits step along their grid)."""
+SEARCH_ROUNDS = 60
+TEXT_DONE_GRID = tuple(round(0.1 * i, 1) for i in range(21))
+"""``fit_text_done``'s candidates, with the logistic estimate (0 to 2 log-odds)."""
+
+
+def _key_list(key: tuple[float, float]) -> list[float]:
+    return [round(key[0], 5), round(key[1], 1)]
+
+
+def search_weights(train: Sequence[Scored], start: TurnSettings, pitch: PitchTables,
+                   max_false: float = 0.02) -> tuple[TurnSettings, dict[str, Any]]:
+    """The prosody weights and the waits chosen together by the waits' own criterion
+    (``fit_key``: audible false ends on pauses of at most 1 s within ``max_false``, then the
+    lowest median delay), no transcript: a steepest-descent coordinate search from ``start``
+    (the logistic fit and the waits ``fit_waits`` gives it), one step of ``SEARCH_STEPS`` (the
+    waits: one grid step) up or down per coordinate, the best neighbour taken while it is
+    strictly better (ties: the first in order), at most ``SEARCH_ROUNDS`` rounds.
+    Deterministic. Returns the pick and a record of the search for vad/turn_fit.json."""
+    los, his = [float(v) for v in MIN_WAITS_MS], [float(v) for v in MAX_WAITS_MS]
+    seen: dict[tuple[float, ...], tuple[float, float]] = {}
+
+    def point(st: TurnSettings) -> tuple[float, ...]:
+        w = st.weights
+        return (w.bias, w.pitch_position, w.pitch_slope, st.min_wait_ms, st.max_wait_ms)
+
+    def key(st: TurnSettings) -> tuple[float, float]:
+        p = point(st)
+        if p not in seen:
+            seen[p] = fit_key(evaluate(train, detector_method(st, pitch=pitch)), max_false)
+        return seen[p]
+
+    def neighbours(st: TurnSettings) -> Iterator[TurnSettings]:
+        w = st.weights
+        for name, step in SEARCH_STEPS.items():
+            for sign in (-1, 1):
+                value = round(getattr(w, name) + sign * step, 4)
+                yield replace(st, weights=replace(w, **{name: value}))
+        i, j = los.index(st.min_wait_ms), his.index(st.max_wait_ms)
+        for lo, hi in ((i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1)):
+            if 0 <= lo < len(los) and 0 <= hi < len(his) and los[lo] <= his[hi]:
+                yield replace(st, min_wait_ms=los[lo], max_wait_ms=his[hi])
+
+    best, rounds = start, 0
+    start_key = key(start)
+    while rounds < SEARCH_ROUNDS:
+        cands = [(key(c), i, c) for i, c in enumerate(neighbours(best))]
+        k, _, cand = min(cands, key=lambda t: (t[0], t[1]))
+        if k >= key(best):
+            break
+        best, rounds = cand, rounds + 1
+    return best, {"criterion": "fit_key, no transcript", "start": {
+        "bias": start.weights.bias, "pitch_position": start.weights.pitch_position,
+        "pitch_slope": start.weights.pitch_slope, "min_wait_ms": start.min_wait_ms,
+        "max_wait_ms": start.max_wait_ms, "key": _key_list(start_key)},
+        "key": _key_list(key(best)), "rounds": rounds, "evaluated": len(seen)}
+
+
+def fit_text_done(train: Sequence[Scored], settings: TurnSettings, pitch: PitchTables,
+                  logistic: float, max_false: float = 0.02) -> tuple[float, dict[str, Any]]:
+    """``text_done`` by the same criterion, with the partials ``FIT_LAG_MS`` late and the
+    prosody and waits held: the best of ``TEXT_DONE_GRID`` and the logistic estimate (ties:
+    the nearest the logistic estimate)."""
+    text = aligned_text(FIT_LAG_MS)
+    keys = {}
+    for v in sorted({*TEXT_DONE_GRID, logistic}):
+        st = replace(settings, weights=replace(settings.weights, text_done=v))
+        keys[v] = fit_key(evaluate(train, detector_method(st, text, pitch=pitch)), max_false)
+    pick = min(keys, key=lambda v: (keys[v], abs(v - logistic)))
+    return pick, {"criterion": f"fit_key, partials {FIT_LAG_MS:g} ms late", "logistic": logistic,
+                  "logistic_key": _key_list(keys[logistic]), "key": _key_list(keys[pick])}
+
+
 def fit_model(train: Sequence[Scored], base: TurnSettings | None = None) -> dict[str, Any]:
-    """The whole fit from the train turns' verdicts: the logistic weights, then the waits;
-    deterministic (fixed iterations, fixed grid), so the same verdicts give the same file."""
+    """The whole fit from the train turns' verdicts: the logistic weights and the waits' grid
+    as the start, then the weights and waits together by the waits' criterion
+    (``search_weights``), then the text's weight by it (``fit_text_done``); deterministic
+    (fixed iterations, fixed grids and steps), so the same verdicts give the same file."""
     base = base or TurnSettings()
     if any(sc.case.split != "train" for sc in train):
         raise ValueError("fit on the train voices only")
     rows = [r for sc in train for r in features_at_pauses(sc)]
+    pitch = pitch_tables(train)
     weights = fit_logistic(rows, base.weights.short_turn)
-    settings = fit_waits(train, replace(base, weights=weights))
+    start = fit_waits(train, replace(base, weights=weights), pitch=pitch)
+    settings, search = search_weights(train, start, pitch)
     # Then the text's weight on top, the prosody held: without a transcript (the offline
-    # recogniser, uploads) the detector is the prosody model as fitted above.
+    # recogniser, uploads) the detector is the prosody model as chosen above.
     text_rows = [r for sc in train for r in features_at_pauses(sc, with_text=True)]
-    weights = fit_text_weight(text_rows, weights)
+    logistic = fit_text_weight(text_rows, settings.weights).text_done
+    text_done, text_search = fit_text_done(train, settings, pitch, logistic)
+    weights = replace(settings.weights, text_done=text_done)
     settings = replace(settings, weights=weights)
     return {
+        "search": search, "text_search": text_search,
         "weights": {"bias": weights.bias, "pitch_position": weights.pitch_position,
                     "pitch_slope": weights.pitch_slope, "text_done": weights.text_done,
                     "short_turn": weights.short_turn},

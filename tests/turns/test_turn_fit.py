@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -48,6 +48,30 @@ def test_fit_refuses_held_out_voices() -> None:
         turn_end.fit_model([turn_end.Scored(case, [False])])
 
 
+def test_the_replay_decides_as_the_detector() -> None:
+    """The weight search runs the detector from a table of each window's pitch
+    (``pitch_tables``, ``_ReplayDetector``): on train turns with pauses, natural and inserted,
+    and with the partials, it decides exactly as ``TurnDetector`` fed the audio, for the shipped
+    model and for one with other weights and waits (a false end resets the turn's pitch)."""
+    verdicts = FIT["source"]["verdicts"]
+    cases = [c for c in _train_cases() if c.name.startswith(
+        ("barge_in_late_ljspeech#0", "barge_in_early_librivox#0@wcut1"))]
+    assert len(cases) >= 7
+    scored = [turn_end.Scored(c, turn_end.unpack_verdicts(verdicts[c.name])) for c in cases]
+    pitch = turn_end.pitch_tables(scored)
+    quick = replace(TurnSettings(), min_wait_ms=300.0, max_wait_ms=1000.0,
+                    weights=replace(TurnSettings().weights, bias=2.0))
+    outcomes = []
+    for settings in (TurnSettings(), quick):
+        for text in (None, turn_end.aligned_text(turn_end.FIT_LAG_MS)):
+            real = turn_end.evaluate(scored, turn_end.detector_method(settings, text))
+            replayed = turn_end.evaluate(scored, turn_end.detector_method(settings, text,
+                                                                          pitch=pitch))
+            assert replayed == real
+            outcomes.append(real)
+    assert outcomes[2].false_ends > outcomes[0].false_ends  # the quick one does end in pauses
+
+
 @pytest.mark.slow
 def test_shipped_file_is_what_the_fit_produces() -> None:
     """Refit from the file's own inputs (the train turns rebuilt from the recordings, with the
@@ -63,6 +87,7 @@ def test_shipped_file_is_what_the_fit_produces() -> None:
     assert (got["min_wait_ms"], got["max_wait_ms"]) == (FIT["min_wait_ms"], FIT["max_wait_ms"])
     assert got["train"] == FIT["train"]
     assert got["train_text"] == FIT["train_text"]
+    assert got["search"] == FIT["search"] and got["text_search"] == FIT["text_search"]
     assert ProsodyWeights(**got["weights"]) == TurnSettings().weights
 
 
