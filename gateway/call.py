@@ -124,6 +124,17 @@ def _words(text: str) -> list[str]:
     return "".join(c if c.isalnum() or c in "' " else " " for c in text.lower()).split()
 
 
+def _beyond(published: str, words: str) -> str | None:
+    """The words of ``words`` after those of ``published`` (the partial a speculative
+    transcript sent, and its final): all of ``words`` when they do not begin with them."""
+    said, tokens = _words(published), words.split()
+    if _words(words)[: len(said)] != said:
+        return words or None
+    # (Punctuation-only tokens: _words drops them; the tokens are counted as split.)
+    kept = [t for t in tokens if _words(t)]
+    return " ".join(kept[len(said):]) or None
+
+
 async def _accept_any(start: tp.Start) -> CallInfo:
     return CallInfo(
         call_sid=start.call_sid,
@@ -202,9 +213,10 @@ class CallSession:
         self._turn_end_ms = 0.0
         # Words the next transcript starts with: the turn the caller resumed (published, its
         # reply cancelled: the next transcript replaces it, ``replaces_previous``), as (its bus
-        # eid, its words); then words never published (an early transcript that came back after
-        # the caller went on).
-        self._resumed: tuple[str | None, str] | None = None
+        # eid, its words, the words published: a speculation's partial when its final came
+        # since); then words never published (an early transcript that came back after the
+        # caller went on).
+        self._resumed: tuple[str | None, str, str] | None = None
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
         self._carry_text = False  # the caller went on before the early transcript came back
@@ -483,7 +495,7 @@ class CallSession:
         resumed = self._resumed
         if resumed is not None and resumed[1] == said:
             # The caller went on meanwhile: the final's words replace the partial's.
-            self._resumed = (resumed[0], whole)
+            self._resumed = (resumed[0], whole, resumed[2])
             self.emit("transcript", text=whole, final=True, dropped="resumed")
             return
         if _words(whole) == _words(said):
@@ -511,7 +523,7 @@ class CallSession:
         into the next transcript, which replaces the last one (``replaces_previous``). A reply
         that must be heard in full plays (the policy's ``drop_reply`` is False for it)."""
         u = self.playback.current
-        self._resumed = (self._reply_eid, text)
+        self._resumed = (self._reply_eid, text, text)
         self._cancel_reply("resumed")
         self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
                   after_ms=round(self.now_ms - self._turn_end_ms, 1))
@@ -561,9 +573,14 @@ class CallSession:
             return
         resumed = self._resumed
         if resumed is not None and resumed[0] == event.reply_to:
+            # What the agent answers is what was published; a final that said more (a settled
+            # speculation) keeps its extra words, as the start of the caller's next turn.
             self._resumed = None
+            rest = _beyond(resumed[2], resumed[1])
+            if rest is not None:
+                self._merge_text = f"{rest} {self._merge_text or ''}".strip()
             self.emit("turn_resume_undone", utterance_id=event.utterance_id,
-                      reply_to=event.reply_to, text=resumed[1], reason=reason)
+                      reply_to=event.reply_to, text=resumed[2], kept=rest, reason=reason)
 
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:
