@@ -20,9 +20,11 @@ from bus import protocol as bp
 from gateway.call import CallSession
 from gateway.metrics import GatewayMetrics
 from gateway.replay import recording_messages
-from gateway.timeline import Timeline, TurnClock
+from gateway.timeline import Timeline
 from speech import Transcript
 from tests import recordings_index as rec
+from tests.turns.test_turn_clock import _call as _clock
+from tests.turns.test_turn_clock import _reply
 from vad import VadEngine
 
 
@@ -131,17 +133,6 @@ async def test_without_a_reply_the_resumed_turn_is_replaced() -> None:
         assert last["text"] == "what is my account number" and last["replaces_previous"] is True
         assert not [e for e in session.timeline.events if e["type"] == "turn_resume_undone"]
         await session.end("stop")
-
-
-def _clock() -> tuple[Timeline, list[dict[str, Any]]]:
-    timeline = Timeline()
-    TurnClock(timeline)
-    return timeline, timeline.events
-
-
-def _reply(timeline: Timeline, uid: str, *, text_at: float, audio_at: float) -> None:
-    timeline.downlink(text_at, bp.UtteranceStart(utterance_id=uid, node="n"))
-    timeline.downlink(audio_at, bp.Audio(utterance_id=uid, payload=b""))
 
 
 def test_turn_clock_times_the_reply_after_a_stale_one_to_the_whole_turn() -> None:
