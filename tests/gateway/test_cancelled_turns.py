@@ -183,3 +183,24 @@ def test_the_drops_are_counted_by_reason() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'callgate_stale_replies_dropped_total{reason="resumed"} 2.0' in text
     assert 'callgate_stale_replies_dropped_total{reason="revised"} 1.0' in text
+
+
+async def test_only_replies_to_the_cancelled_turn_are_dropped() -> None:
+    """An interruptible reply to the cancelled turn is dropped before any audio; a greeting or a
+    key press's answer (another eid, or none from a 1.1 worker) still plays."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        session = await _started(bus, engine)
+        await session._transcribed(_Said("what is my"), False, None)
+        eid = session._reply_eid
+        assert eid is not None
+        await session._hold_reply("what is my")
+        for uid, reply_to in (("utt-key", "9-0"), ("utt-old", None), ("utt-stale", eid)):
+            await session.handle_downlink(bp.UtteranceStart(utterance_id=uid, node="n",
+                                                            reply_to=reply_to))
+        dropped = [e for e in session.timeline.events if e["type"] == "bot_utterance_interrupted"]
+        assert [(e["utterance_id"], e["dropped"], e["reason"], e["reply_to"], e["before_audio"])
+                for e in dropped] == [("utt-stale", "cancelled_turn", "resumed", eid, True)]
+        assert session.playback.get("utt-key") is not None
+        assert session.playback.add_audio("utt-key", b"\xff" * 160)
+        assert not session.playback.add_audio("utt-stale", b"\xff" * 160)  # refused from now on
+        await session.end("stop")
