@@ -18,6 +18,7 @@ logged and acked, never fed to the graph. Uplink (gateway -> worker):
 * ``Playback``: what the caller has heard of an utterance; with a lookahead it paces the
   responses (below); ``interrupted`` with nothing heard cuts an interruptible utterance the
   worker has not cut yet (one the gateway dropped as the answer to a turn it had cancelled)
+  and cancels its generation when its node is still in it with nothing queued
 * ``CallEnded`` -> the session stops; ``InterruptSuppressed`` is acked only.
 
 A call lost to another worker (this one stalled past its lease and the bus says
