@@ -9,14 +9,24 @@ a barge-in at heard 0 (its interrupt follows the playback report) goes as it alw
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bus import Bus
-from nodes import AgentSession, OutputAgentNode, SessionWorker, ToneSynthesizer
+import pytest
 
-from .conftest import Line, open_line, running
+from bus import Bus
+from nodes import (
+    AgentSession,
+    OutputAgentNode,
+    SDKEvent,
+    SDKSystemLLMRequestEvent,
+    SessionWorker,
+    ToneSynthesizer,
+)
+
+from .conftest import Line, guard, open_line, running
 
 MS_PER_CHAR = 10
 CHUNK = "xxxxx " * 5  # 300 ms of audio a chunk
@@ -30,6 +40,15 @@ class Paced(OutputAgentNode):
         super().__init__(name="paced", is_interruptible=interruptible)
         self.pulls = 0
         self.endings: list[str] = []
+        self.requests = 0  # requests to answer queued on this node
+        self.next_queued = asyncio.Event()  # a second one is queued (behind the first)
+
+    async def queue_event(self, event: SDKEvent) -> None:
+        await super().queue_event(event)
+        if isinstance(event, SDKSystemLLMRequestEvent):
+            self.requests += 1
+            if self.requests == 2:
+                self.next_queued.set()
 
     async def generate_response(self) -> AsyncIterator[str]:
         ending = "cancelled"
@@ -164,3 +183,29 @@ async def test_a_barge_in_at_heard_zero_goes_as_before(bus: Bus) -> None:
         downlink = await line.end(worker)
         assert len([e for e in downlink if e.get("type") == "utterance_end"
                     and e["utterance_id"] == uid]) == 1
+
+
+async def test_a_dropped_reply_with_the_next_turn_queued_runs_on_unpaced(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A takeover's case: the next turn is already queued behind the dropped reply. Cancelling
+    the node would drop that turn's request to answer; the reply runs on instead, at once (no
+    stall guard), nothing more of it synthesized, and the next turn is answered."""
+    async with paced_call(bus, "CA8105") as (worker, line, made):
+        _, uid = await _first_reply(line)
+        await line.publish({"type": "transcript", "text": "and then", "final": True})
+        (node,) = made
+        await guard(node.next_queued.wait())  # on the node's queue, behind the dropped reply
+        await line.publish({"type": "playback", "state": "interrupted", "utterance_id": uid,
+                            "heard_ms": 0.0})
+        end = await line.next("utterance_end", utterance_id=uid)
+        assert end["interrupted"] is True
+        start = await line.next("utterance_start")
+        await line.publish({"type": "playback", "state": "playing",
+                            "utterance_id": start["utterance_id"], "heard_ms": 10_000.0})
+        done = await line.next("utterance_end", utterance_id=start["utterance_id"])
+        assert done["interrupted"] is False and done["text"] == CHUNK * 3
+        assert _audio_text_ends(line, uid) == {len(CHUNK)}
+        assert node.assistant() == [CHUNK * 3]  # the dropped reply left the context
+        assert not [m for m in caplog.messages if "no playback progress" in m]
+        await line.end(worker)
