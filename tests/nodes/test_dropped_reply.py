@@ -95,6 +95,23 @@ async def _first_reply(line: Line, text: str = "tell me") -> tuple[str, str]:
     return eid, uid
 
 
+async def _dropped_then_next(line: Line, uid: str) -> None:
+    """Read the dropped utterance's end (interrupted), then play the next reply to its end."""
+    end = await line.next("utterance_end", utterance_id=uid)
+    assert end["interrupted"] is True
+    await _next_in_full(line, uid)
+
+
+async def _next_in_full(line: Line, uid: str) -> None:
+    """The next reply (not ``uid``) is heard and ends with all its text."""
+    start = await line.next("utterance_start")
+    assert start["utterance_id"] != uid
+    await line.publish({"type": "playback", "state": "playing",
+                        "utterance_id": start["utterance_id"], "heard_ms": 10_000.0})
+    done = await line.next("utterance_end", utterance_id=start["utterance_id"])
+    assert done["interrupted"] is False and done["text"] == CHUNK * 3
+
+
 def _audio_text_ends(line: Line, uid: str) -> set[int]:
     return {e["text_end"] for e in line.of("audio") if e["utterance_id"] == uid}
 
@@ -112,12 +129,7 @@ async def test_a_reply_dropped_unheard_is_cut_and_its_generation_cancelled(bus: 
         assert _audio_text_ends(line, uid) == {len(CHUNK)}  # the first chunk's audio only
         # The next turn is answered, in full, from a context without the dropped reply.
         await line.publish({"type": "transcript", "text": "and then", "final": True})
-        start = await line.next("utterance_start")
-        assert start["utterance_id"] != uid
-        await line.publish({"type": "playback", "state": "playing",
-                            "utterance_id": start["utterance_id"], "heard_ms": 10_000.0})
-        done = await line.next("utterance_end", utterance_id=start["utterance_id"])
-        assert done["interrupted"] is False and done["text"] == CHUNK * 3
+        await _next_in_full(line, uid)
         users = [m["content"] for m in node.context.messages if m["role"] == "user"]
         assert users == ["tell me", "and then"] and node.assistant() == [CHUNK * 3]
         downlink = await line.end(worker)
@@ -170,13 +182,7 @@ async def test_a_barge_in_at_heard_zero_goes_as_before(bus: Bus) -> None:
         await line.publish({"type": "interrupt", "utterance_id": uid, "heard_ms": 0.0,
                             "heard_text": ""})
         await line.publish({"type": "transcript", "text": "wait", "final": True})
-        end = await line.next("utterance_end", utterance_id=uid)
-        assert end["interrupted"] is True
-        start = await line.next("utterance_start")
-        await line.publish({"type": "playback", "state": "playing",
-                            "utterance_id": start["utterance_id"], "heard_ms": 10_000.0})
-        done = await line.next("utterance_end", utterance_id=start["utterance_id"])
-        assert done["text"] == CHUNK * 3
+        await _dropped_then_next(line, uid)
         (node,) = made
         assert [m["content"] for m in node.context.messages] == ["tell me", "wait", CHUNK * 3]
         assert node.endings == ["cancelled", "done"]
@@ -198,13 +204,7 @@ async def test_a_dropped_reply_with_the_next_turn_queued_runs_on_unpaced(
         await guard(node.next_queued.wait())  # on the node's queue, behind the dropped reply
         await line.publish({"type": "playback", "state": "interrupted", "utterance_id": uid,
                             "heard_ms": 0.0})
-        end = await line.next("utterance_end", utterance_id=uid)
-        assert end["interrupted"] is True
-        start = await line.next("utterance_start")
-        await line.publish({"type": "playback", "state": "playing",
-                            "utterance_id": start["utterance_id"], "heard_ms": 10_000.0})
-        done = await line.next("utterance_end", utterance_id=start["utterance_id"])
-        assert done["interrupted"] is False and done["text"] == CHUNK * 3
+        await _dropped_then_next(line, uid)
         assert _audio_text_ends(line, uid) == {len(CHUNK)}
         assert node.assistant() == [CHUNK * 3]  # the dropped reply left the context
         assert not [m for m in caplog.messages if "no playback progress" in m]
