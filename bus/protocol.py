@@ -43,8 +43,11 @@ Only gateways read audio, so roll gateways to 1.1 before workers.
 1.2 (from 1.1): ``UtteranceStart.reply_to``, optional: the ``eid`` of the uplink event the
 utterance answers. A gateway that cancelled the reply to a turn (``interrupt {reason: resumed}``
 or ``{reason: revised}``) drops every interruptible utterance that still arrives for that turn's
-transcript: audio the worker made before it read the interrupt. A 1.1 worker leaves the field
-out and its utterances play as before (the race stays open for it); a 1.1 gateway ignores it.
+transcript: audio the worker made before it read the interrupt. It tells the worker with
+``playback {state: interrupted, heard_ms: 0}`` alone (no ``interrupt`` follows), and a 1.2
+worker cuts the utterance on it: stops its audio, takes its text out of the context and stops
+its generation. A 1.1 worker leaves the field out and its utterances play as before (the race
+stays open for it); a 1.1 gateway ignores it.
 
 The timeline events (``events.jsonl``, ``gateway.timeline``) are another vocabulary: the
 gateway's own record of what it did, never read by the other side of the bus, open by contract
@@ -220,6 +223,10 @@ class Playback(_Uplink):
 
     ``playing`` comes at the first mark, then at most every ``progress_interval_ms`` of audio
     heard, and when the caller has heard all the audio sent so far (the worker paces on it).
+    ``interrupted`` with ``heard_ms`` 0 and no ``interrupt`` after it (1.2): the gateway
+    dropped the utterance unheard as the reply to a turn whose reply it had cancelled; the
+    worker must cut it as for a barge-in (no more audio, its text out of the context, its
+    generation stopped), as no interrupt will come for it.
     """
 
     state: PlaybackState

@@ -124,6 +124,17 @@ def _words(text: str) -> list[str]:
     return "".join(c if c.isalnum() or c in "' " else " " for c in text.lower()).split()
 
 
+def _beyond(published: str, words: str) -> str | None:
+    """The words of ``words`` after those of ``published`` (the partial a speculative
+    transcript sent, and its final): all of ``words`` when they do not begin with them."""
+    said, tokens = _words(published), words.split()
+    if _words(words)[: len(said)] != said:
+        return words or None
+    # (Punctuation-only tokens: _words drops them; the tokens are counted as split.)
+    kept = [t for t in tokens if _words(t)]
+    return " ".join(kept[len(said):]) or None
+
+
 async def _accept_any(start: tp.Start) -> CallInfo:
     return CallInfo(
         call_sid=start.call_sid,
@@ -200,18 +211,25 @@ class CallSession:
         # heard, and the text a resumed turn carries into its successor.
         self._unanswered: str | None = None
         self._turn_end_ms = 0.0
+        # Words the next transcript starts with: the turn the caller resumed (published, its
+        # reply cancelled: the next transcript replaces it, ``replaces_previous``), as (its bus
+        # eid, its words, the words published: a speculation's partial when its final came
+        # since); then words never published (an early transcript that came back after the
+        # caller went on).
+        self._resumed: tuple[str | None, str, str] | None = None
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
         self._carry_text = False  # the caller went on before the early transcript came back
         # turn.speculate: (stream, text sent, merged prefix) while its final is on its way.
         self._speculated: tuple[Any, str, str | None] | None = None
         self._turn_over_uninterruptible = False  # the last turn was spoken over such a reply
-        # The bus eid of the last final transcript published (the turn the next reply answers),
-        # and the turns whose reply was cancelled (eid -> why, its text): an interruptible
-        # utterance answering one of them (``utterance_start.reply_to``) was made before the
-        # worker read the interrupt, and is dropped unheard when it comes (_stale_reply).
+        # The bus eid of the last final transcript published while its reply is owed (the turn
+        # the next reply answers; None once that reply is heard), and the turns whose reply was
+        # cancelled (eid -> why): an interruptible utterance answering one of them
+        # (``utterance_start.reply_to``) was made before the worker read the interrupt, and is
+        # dropped unheard when it comes (_stale_reply).
         self._reply_eid: str | None = None
-        self._cancelled_turns: dict[str, tuple[bp.InterruptReason, str]] = {}
+        self._cancelled_turns: dict[str, bp.InterruptReason] = {}
 
     # -- the media clock -------------------------------------------------------------------
     @property
@@ -263,6 +281,7 @@ class CallSession:
                           played_from_ms=round(self.now_ms - u.heard_ms, 1))
             if self._unanswered is not None and u is not None and u.heard_ms > 0:
                 self._unanswered = None  # the caller has heard the reply begin: turn closed
+                self._reply_eid = None
             await self._report_progress()
         elif isinstance(msg, tp.Stop):
             await self.end("stop")
@@ -460,12 +479,12 @@ class CallSession:
         text = partial.text.strip() if partial is not None else ""
         if not text:
             return
-        prefix, self._merge_text = self._merge_text, None
+        prefix, replaces = self._take_merge()
         whole = f"{prefix} {text}".strip() if prefix else text
-        extra: dict[str, Any] = {"replaces_previous": True} if prefix is not None else {}
+        extra: dict[str, Any] = {"replaces_previous": True} if replaces else {}
         self.emit("transcript", text=whole, final=True, speculative=True, **extra)
         self._reply_eid = await self.publish(bp.Transcript(
-            text=whole, final=True, replaces_previous=prefix is not None, t_ms=self.now_ms))
+            text=whole, final=True, replaces_previous=replaces, t_ms=self.now_ms))
         self._unanswered = whole
         self._turn_end_ms = self.now_ms
         self._speculated = (stream, whole, prefix)
@@ -473,8 +492,10 @@ class CallSession:
     async def _settle_speculation(self, said: str, prefix: str | None, text: str) -> None:
         """The final transcript of a turn whose partial was sent (``_speculate``)."""
         whole = f"{prefix} {text}".strip() if prefix else text
-        if self._merge_text == said:  # the caller went on meanwhile: carry the final's words
-            self._merge_text = whole
+        resumed = self._resumed
+        if resumed is not None and resumed[1] == said:
+            # The caller went on meanwhile: the final's words replace the partial's.
+            self._resumed = (resumed[0], whole, resumed[2])
             self.emit("transcript", text=whole, final=True, dropped="resumed")
             return
         if _words(whole) == _words(said):
@@ -485,7 +506,7 @@ class CallSession:
             # The reply is heard already (or must be): too late to make it again.
             self.emit("transcript", text=whole, final=True, dropped="late")
             return
-        self._cancel_reply("revised", said)
+        self._cancel_reply("revised")
         if u is not None:
             await self._interrupt(reason="revised")
         else:  # still being made: the worker cancels it (unknown utterance)
@@ -502,8 +523,8 @@ class CallSession:
         into the next transcript, which replaces the last one (``replaces_previous``). A reply
         that must be heard in full plays (the policy's ``drop_reply`` is False for it)."""
         u = self.playback.current
-        self._merge_text = text
-        self._cancel_reply("resumed", text)
+        self._resumed = (self._reply_eid, text, text)
+        self._cancel_reply("resumed")
         self.emit("turn_resumed", utterance_id=u.id if u is not None else None,
                   after_ms=round(self.now_ms - self._turn_end_ms, 1))
         if u is not None:
@@ -513,34 +534,53 @@ class CallSession:
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="resumed", t_ms=self.now_ms))
 
-    def _cancel_reply(self, reason: bp.InterruptReason, text: str) -> None:
+    def _take_merge(self) -> tuple[str | None, bool]:
+        """What the next transcript starts with (None: nothing), and whether it replaces a
+        published turn (the caller resumed it); both are used up."""
+        parts = [self._resumed[1]] if self._resumed is not None else []
+        if self._merge_text is not None:
+            parts.append(self._merge_text)
+        replaces = self._resumed is not None
+        self._resumed = self._merge_text = None
+        return (" ".join(p for p in parts if p) if parts else None), replaces
+
+    def _cancel_reply(self, reason: bp.InterruptReason) -> None:
         """The reply to the last turn published is cancelled: whatever still comes for it is
         audio made before the worker read the interrupt (a real bus has it in flight)."""
         if self._reply_eid is None:
             return
-        self._cancelled_turns[self._reply_eid] = (reason, text)
+        self._cancelled_turns[self._reply_eid] = reason
         if len(self._cancelled_turns) > _KEPT_CANCELLED:
             del self._cancelled_turns[next(iter(self._cancelled_turns))]
 
     async def _stale_reply(self, event: bp.UtteranceStart) -> None:
         """``event`` answers a turn whose reply was cancelled: it was made before the worker
         read the interrupt. An interruptible one is dropped before any of it is sent (timeline
-        ``bot_utterance_interrupted {before_audio, stale}``; the worker hears ``playback
-        {state: interrupted, heard_ms: 0}``). A non-interruptible one is never held: it plays,
-        so the turn was answered after all, and the caller's new words are a turn of their own
-        (the merge of the cancelled turn's words into them is undone)."""
-        if event.reply_to is None or event.reply_to not in self._cancelled_turns:
+        ``bot_utterance_interrupted {before_audio, dropped: cancelled_turn}``; the worker hears
+        ``playback {state: interrupted, heard_ms: 0}`` and cuts it). A non-interruptible one is
+        never held: it plays, so the turn was answered after all, and the caller's new words
+        are a turn of their own: the resumed turn's words leave the next transcript, which no
+        longer replaces it (timeline ``turn_resume_undone``). That holds while the next
+        transcript is not out yet; once it is (the stale reply came after the whole turn was
+        published), it stands: docs/turns.md, "Never talk over a caller who resumed"."""
+        reason = self._cancelled_turns.get(event.reply_to) if event.reply_to else None
+        if reason is None:
             return
-        reason, text = self._cancelled_turns[event.reply_to]
         if event.interruptible:
-            await self._apply(self.playback.drop(event.utterance_id, stale=True, reason=reason,
-                                                 reply_to=event.reply_to))
+            await self._apply(self.playback.drop(
+                event.utterance_id, dropped="cancelled_turn", reason=reason,
+                reply_to=event.reply_to))
             return
-        merge = self._merge_text
-        if merge is not None and merge.startswith(text):
-            self._merge_text = merge[len(text):].strip() or None
-            self._log.info("a non-interruptible reply to a cancelled turn plays; the caller's "
-                           "next words are a new turn (utterance %s)", event.utterance_id)
+        resumed = self._resumed
+        if resumed is not None and resumed[0] == event.reply_to:
+            # What the agent answers is what was published; a final that said more (a settled
+            # speculation) keeps its extra words, as the start of the caller's next turn.
+            self._resumed = None
+            rest = _beyond(resumed[2], resumed[1])
+            if rest is not None:
+                self._merge_text = f"{rest} {self._merge_text or ''}".strip()
+            self.emit("turn_resume_undone", utterance_id=event.utterance_id,
+                      reply_to=event.reply_to, text=resumed[2], kept=rest, reason=reason)
 
     # -- speech to text ---------------------------------------------------------------------
     def _start_transcription(self) -> None:
@@ -617,11 +657,12 @@ class CallSession:
             self._merge_text = f"{self._merge_text or ''} {text}".strip()
             self.emit("transcript", text=text, final=True, dropped="resumed")
             return
-        if self._merge_text is not None and not dropped:
+        if (self._resumed is not None or self._merge_text is not None) and not dropped:
             # One user message for the whole turn: the words before the caller resumed, then these.
-            text = f"{self._merge_text} {text}".strip()
-            self._merge_text = None
-            extra["replaces_previous"] = True
+            prefix, replaces = self._take_merge()
+            text = f"{prefix or ''} {text}".strip()
+            if replaces:
+                extra["replaces_previous"] = True
         self.emit("transcript", text=text, final=True, **extra)
         if text and not dropped:
             self._reply_eid = await self.publish(bp.Transcript(

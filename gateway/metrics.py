@@ -162,6 +162,11 @@ class GatewayMetrics:
         self.resumes = Counter("callgate_false_interruption_resumes",
                                "Pauses that turned out to be backchannels or noise and resumed",
                                registry=r)
+        self.cancelled_replies = Counter(
+            "callgate_stale_replies_dropped",
+            "Replies dropped unheard as the answer to a turn whose reply was cancelled (made "
+            "before the worker read the interrupt; reason: resumed, revised)",
+            ["reason"], registry=r)
         self.onset_to_clear = Histogram("callgate_onset_to_clear_seconds",
                                         "Caller speech onset to clear sent (media time)",
                                         buckets=_LATENCY_BUCKETS, registry=r)
@@ -224,6 +229,8 @@ class GatewayMetrics:
                 self.onset_to_clear.observe(max(0.0, (float(event["t_ms"]) - onset) / 1000))
         elif kind == "interrupt_suppressed":
             self.suppressed.inc()
+        elif kind == "bot_utterance_interrupted" and event.get("dropped") == "cancelled_turn":
+            self.cancelled_replies.labels(reason=str(event.get("reason"))).inc()
         elif kind == "bot_utterance_resumed":
             self.resumes.inc()
         elif kind == "call_started":

@@ -39,6 +39,7 @@ EVENT_TYPES = frozenset(
         "turn_likely",
         "turn_end",
         "turn_resumed",
+        "turn_resume_undone",
         "call_ended",
     }
 )
@@ -170,10 +171,11 @@ class TurnClock:
                 turn.transcript_ms = t
             elif turn.commit_ms is not None and turn.transcript_ms is None:
                 turn.transcript_ms = t
-        elif (kind == "bot_utterance_interrupted" and e.get("before_audio")
+        elif (kind == "bot_utterance_interrupted" and e.get("dropped") == "cancelled_turn"
               and e.get("utterance_id") == turn.utterance_id):
-            # Dropped before a sound of it was sent (a stale reply to a cancelled turn, one the
-            # worker cut): the turn's reply is the next utterance.
+            # The reply to a turn whose reply the gateway had cancelled, dropped before a sound
+            # of it was sent: this turn's reply is the next utterance. (Only that drop: one cut
+            # unheard by a barge-in or by the worker is the turn's reply, and it has none.)
             turn.utterance_id = turn.llm_first_text_ms = turn.tts_first_audio_ms = None
         elif kind == "bot_utterance_started" and e.get("utterance_id") == turn.utterance_id:
             turn.first_audio_ms = float(e.get("play_at_ms", t))

@@ -18,6 +18,7 @@ logged and acked, never fed to the graph. Uplink (gateway -> worker):
 * ``Playback``: what the caller has heard of an utterance; with a lookahead it paces the
   responses (below); ``interrupted`` with nothing heard cuts an interruptible utterance the
   worker has not cut yet (one the gateway dropped as the answer to a turn it had cancelled)
+  and cancels its generation when its node is still in it with nothing queued
 * ``CallEnded`` -> the session stops; ``InterruptSuppressed`` is acked only.
 
 A call lost to another worker (this one stalled past its lease and the bus says
@@ -205,6 +206,9 @@ class _Utterance:
     interruptible: bool
     alignment: UtteranceAlignment = field(default_factory=UtteranceAlignment)
     interrupted: bool = False
+    # cut on the gateway's ``playback {interrupted, heard_ms 0}`` with no interrupt of its own
+    # (the reply to a turn the gateway had cancelled): no cancellation of the graph follows
+    dropped: bool = False
     ended: bool = False
     heard_ms: float = 0.0  # what the caller has heard of it (the gateway's ``playback``)
     sent: int = 0  # downlink events sent for it (each one's eid: ``<utterance_id>.<n>``)
@@ -693,10 +697,39 @@ class SessionWorker:
         if (event.state == "interrupted" and event.heard_ms == 0 and utterance.interruptible
                 and not utterance.interrupted):
             # Dropped unheard with no interrupt of its own: the reply to a turn the gateway had
-            # cancelled, made before this worker read that interrupt. Its audio stops here and
-            # its text leaves the context (the whole turn's transcript replaces the turn too).
+            # cancelled, made before this worker read that interrupt (a takeover answering that
+            # turn again). Its audio stops here, its text leaves the context (the whole turn's
+            # transcript replaces the turn too) and its generation stops (_cancel_response).
             self._cut(utterance, "")
+            utterance.dropped = True
+            await self._cancel_response(state, utterance)
         await self._progressed(state)
+
+    @staticmethod
+    async def _cancel_response(state: _Call, utterance: _Utterance) -> None:
+        """Stop the generation of ``utterance``'s response, dropped by the gateway with no
+        interrupt to follow: else its node would wait in ``_pace`` for playback progress that
+        never comes (the stall guard, >= 2 s a chunk) with its LLM stream open, and the next
+        turn's answer would wait behind it. Only that response is cancelled: when the node is
+        still in it and has nothing queued (an interrupt of the node drops a queued request to
+        answer, the next turn's own). Otherwise ``_pace`` lets it run on at once: its chunks are
+        neither synthesized nor recorded (``_cut`` froze it)."""
+        node = utterance.node
+        rid = utterance.request_id
+        if not isinstance(node, OutputAgentNode) or rid is None or utterance.ended:
+            return
+        # The node's newest response is this one and its loop is in it: with no await between
+        # this check and the cancel, nothing else can be cancelled or dropped with it.
+        generating = (isinstance(node._processing, SDKSystemLLMRequestEvent)
+                      and next(reversed(node._responses), None) == rid)
+        if not generating or not node._queue.empty():
+            logger.info("call %s: response %s of node %s dropped by the gateway runs on "
+                        "unpaced (the node has moved on or has work queued)", state.sid, rid,
+                        node.name)
+            return
+        logger.info("call %s: response %s of node %s dropped by the gateway unheard (a reply "
+                    "to a cancelled turn): its generation is cancelled", state.sid, rid, node.name)
+        await node._handle_interrupt()
 
     # -- pacing -----------------------------------------------------------------------------
     async def _progressed(self, state: _Call) -> None:
@@ -718,7 +751,9 @@ class SessionWorker:
             if utterance is None or utterance.ended:
                 return True  # nothing audible yet (empty chunks) or nothing more to say
             if utterance.interrupted:
-                return False  # the barge-in's cancellation is on its way
+                # A barge-in's cancellation is on its way; none follows a drop by the gateway
+                # (_cancel_response): nothing more of it is said, so it may run on at once.
+                return utterance.dropped
             return utterance.alignment.audio_ms - utterance.heard_ms <= lookahead
 
         def stall_s() -> float:

@@ -253,7 +253,7 @@ async def test_a_reply_made_before_the_worker_read_the_interrupt_is_never_played
     events = race.timeline.events
     dropped = [e for e in events if e["type"] == "bot_utterance_interrupted"
                and e["utterance_id"] == stale.utterance_id]
-    assert len(dropped) == 1 and dropped[0]["stale"] is True
+    assert len(dropped) == 1 and dropped[0]["dropped"] == "cancelled_turn"
     assert dropped[0]["before_audio"] is True and dropped[0]["reason"] == "resumed"
     assert dropped[0]["reply_to"] == first["eid"]
     assert not any(e["type"] == "bot_utterance_started" and e["utterance_id"] == stale.utterance_id
@@ -273,8 +273,11 @@ async def test_a_non_interruptible_reply_to_a_cancelled_turn_plays_and_the_next_
     await race.run(until=lambda: True)  # the next transcript is out: nothing more to wait for
     first, stale = race.check_the_race()
     assert race.marked(stale.utterance_id)  # never held: it plays
-    assert not any(e["type"] == "bot_utterance_interrupted" and e.get("stale")
+    assert not any(e["type"] == "bot_utterance_interrupted" and e.get("dropped")
                    for e in race.timeline.events)
+    undone = [e for e in race.timeline.events if e["type"] == "turn_resume_undone"]
+    assert len(undone) == 1 and undone[0]["reply_to"] == first["eid"]
+    assert undone[0]["utterance_id"] == stale.utterance_id and undone[0]["reason"] == "resumed"
     # The cancelled turn was answered after all: the caller's next words are a turn of their
     # own, not the whole turn replacing it.
     after = bp.decode(race.uplink("transcript")[1])
@@ -340,4 +343,4 @@ async def test_a_reply_to_a_revised_speculation_made_before_the_interrupt_is_nev
     assert any(race.marked(s.utterance_id) for s in race.starts() if s.reply_to == final["eid"])
     dropped = [e for e in race.timeline.events if e["type"] == "bot_utterance_interrupted"
                and e["utterance_id"] == stale.utterance_id]
-    assert len(dropped) == 1 and dropped[0]["stale"] is True and dropped[0]["reason"] == "revised"
+    assert len(dropped) == 1 and dropped[0]["dropped"] == "cancelled_turn" and dropped[0]["reason"] == "revised"
