@@ -659,7 +659,6 @@ def pitch_tables(scored: Sequence[Scored]) -> PitchTables:
     """What ``TurnDetector`` appends to its pitch history at each caller window of each case,
     computed once: a window's pitch depends on the audio fed so far, never on the weights or
     the detector's state, so the weight search (``fit_model``) replays it."""
-    from vad._turn import _semitones, window_pitch
 
     out: PitchTables = {}
     for sc in scored:
@@ -668,9 +667,8 @@ def pitch_tables(scored: Sequence[Scored]) -> PitchTables:
         for k, speech in enumerate(sc.speech):
             end = (k + 1) * 256
             det.feed(sc.case.audio[k * 256:end])
-            # As TurnDetector._on_speech reads a caller window (the ring is the audio fed).
-            voicing, f0 = window_pitch(det._window(end)) if speech else (0.0, 0.0)  # noqa: SLF001
-            row.append(_semitones(f0) if voicing >= det.VOICED_MIN and f0 > 0 else None)
+            # What TurnDetector._on_speech reads of a caller window (the ring is the audio fed).
+            row.append(det._window_semitones(end) if speech else None)  # noqa: SLF001
         out[sc.case.name] = row
     return out
 
@@ -689,14 +687,8 @@ class _ReplayDetector(TurnDetector):
     def feed(self, samples: npt.ArrayLike) -> None:
         self._fed += len(np.asarray(samples).ravel())  # the ring is not read: the table is
 
-    def _on_speech(self, end: int) -> None:
-        if self.state is TurnState.IDLE:
-            self._reset_turn()
-        self._speech_ms += 32.0
-        self.last_speech_end_ms = end / 8
-        semitones = self._table[end // 256 - 1]
-        if semitones is not None:
-            self._pitch.append(semitones)
+    def _window_semitones(self, end: int) -> float | None:
+        return self._table[end // 256 - 1]
 
     def _prosody(self) -> tuple[float, float]:
         key = tuple(self._pitch)
@@ -711,6 +703,8 @@ def detector_method(settings: TurnSettings, text: TextSource | None = None,
                     pitch: PitchTables | None = None) -> Method:
     """The detector stepped over a case's verdicts (``make``: another detector; ``pitch``: the
     replay of ``pitch_tables``, the same decisions sooner)."""
+    if pitch is not None and make is not None:
+        raise ValueError("detector_method: give make or pitch, not both (the replay is a TurnDetector)")
     memo: dict[tuple[float, ...], tuple[float, float]] = {}
 
     def run(sc: Scored) -> list[tuple[float, float]]:
