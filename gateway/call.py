@@ -127,12 +127,17 @@ def _words(text: str) -> list[str]:
 def _beyond(published: str, words: str) -> str | None:
     """The words of ``words`` after those of ``published`` (the partial a speculative
     transcript sent, and its final): all of ``words`` when they do not begin with them."""
-    said, tokens = _words(published), words.split()
+    said = _words(published)
     if _words(words)[: len(said)] != said:
         return words or None
-    # (Punctuation-only tokens: _words drops them; the tokens are counted as split.)
-    kept = [t for t in tokens if _words(t)]
-    return " ".join(kept[len(said):]) or None
+    # A token can hold several of _words' words ("well-known", "3.5", "9:30") or none (a
+    # lone dash): count them token by token and keep the tokens after the last one said.
+    tokens, count = words.split(), 0
+    for i, token in enumerate(tokens):
+        if count >= len(said):
+            return " ".join(tokens[i:]) or None
+        count += len(_words(token))
+    return None
 
 
 async def _accept_any(start: tp.Start) -> CallInfo:

@@ -162,7 +162,7 @@ class GatewayMetrics:
         self.resumes = Counter("callgate_false_interruption_resumes",
                                "Pauses that turned out to be backchannels or noise and resumed",
                                registry=r)
-        self.cancelled_replies = Counter(
+        self.stale_replies_dropped = Counter(
             "callgate_stale_replies_dropped",
             "Replies dropped unheard as the answer to a turn whose reply was cancelled (made "
             "before the worker read the interrupt; reason: resumed, revised)",
@@ -230,7 +230,7 @@ class GatewayMetrics:
         elif kind == "interrupt_suppressed":
             self.suppressed.inc()
         elif kind == "bot_utterance_interrupted" and event.get("dropped") == "cancelled_turn":
-            self.cancelled_replies.labels(reason=str(event.get("reason"))).inc()
+            self.stale_replies_dropped.labels(reason=str(event.get("reason"))).inc()
         elif kind == "bot_utterance_resumed":
             self.resumes.inc()
         elif kind == "call_started":

@@ -204,3 +204,18 @@ async def test_only_replies_to_the_cancelled_turn_are_dropped() -> None:
         assert session.playback.add_audio("utt-key", b"\xff" * 160)
         assert not session.playback.add_audio("utt-stale", b"\xff" * 160)  # refused from now on
         await session.end("stop")
+
+
+def test_the_words_beyond_a_published_partial_are_counted_as_words_not_tokens() -> None:
+    """A token can hold several words ("well-known", "3.5") or none (a dash): the words kept
+    for the next turn are those after the partial's, whatever the tokens (review, session 9:
+    the tokens were sliced by the word count, and "place" was lost)."""
+    from gateway.call import _beyond
+
+    assert _beyond("book a well-known", "book a well-known place for two") == "place for two"
+    assert _beyond("its 3.5", "its 3.5 miles away") == "miles away"
+    assert _beyond("go forward", "go - forward ten") == "ten"
+    assert _beyond("go forward ten", "go forward ten meters.") == "meters."
+    assert _beyond("a b", "a b") is None
+    assert _beyond("x", "y z") == "y z"  # not a continuation: all of it
+    assert _beyond("", "hello there") == "hello there"
