@@ -109,7 +109,7 @@ SEARCH: dict[str, list[Any]] = {
     # barge-in; the dev set's turn_gap_then_barge_in does (missed without the cap).
     "barge_in.background_caller_db": [18.0],
     # Session 9: the window that begins a caller run must stand over the echo the line's last
-    # 192 ms predict for it (an echo path that changed: docs/bargein.md).
+    # 160 ms before it predict for it (an echo path that changed: docs/bargein.md).
     "barge_in.prior_margin_db": [None, 0.0, 1.5, 3.0, 4.5, 6.0],
     "barge_in.prior_fit_min": [0.5, 0.6, 0.7, 0.8, 0.9],
     # Session 9 (review): ... and only where the gate's own lagged envelope explains this much
