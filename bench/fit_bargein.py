@@ -109,9 +109,12 @@ SEARCH: dict[str, list[Any]] = {
     # barge-in; the dev set's turn_gap_then_barge_in does (missed without the cap).
     "barge_in.background_caller_db": [18.0],
     # Session 9: the window that begins a caller run must stand over the echo the line's last
-    # 192 ms predict for it (an echo path that changed: docs/bargein.md).
+    # 160 ms before it predict for it (an echo path that changed: docs/bargein.md).
     "barge_in.prior_margin_db": [None, 0.0, 1.5, 3.0, 4.5, 6.0],
     "barge_in.prior_fit_min": [0.5, 0.6, 0.7, 0.8, 0.9],
+    # Session 9 (review): ... and only where the gate's own lagged envelope explains this much
+    # of the window (a caller's voice after a held window: docs/bargein.md).
+    "barge_in.prior_explained_db": [None, 1.0, 2.0, 3.0, 4.5, 6.0],
 }
 
 
@@ -272,6 +275,7 @@ HAND_TUNED: dict[str, Any] = {
     "barge_in.explain_floor_pct": None, "barge_in.background_db": None,
     "barge_in.background_pct": 75.0, "barge_in.background_caller_db": 18.0,
     "barge_in.prior_margin_db": None, "barge_in.prior_fit_min": 0.5,
+    "barge_in.prior_explained_db": None,
 }
 
 

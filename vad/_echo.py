@@ -156,15 +156,17 @@ class GateReading:
     window, before any delay lock or canceller convergence; a caller's envelope is not. Equals
     ``level_db`` where no bot audio is in the lag range."""
     prior_echo_db: float = -100.0
-    """The window's echo as the line's last ``explain_ms`` *before* it predict it (dBFS): the
-    same per-band fit as ``unexplained_db``, on the hops before the window only, at the lag
-    that fits them best, applied to the bot's audio at the window. It follows a path that has
-    changed (a new delay or loss: the fit looks at every lag and learns the loss from the last
-    192 ms), which the locked lag and the slow echo-gain median do not for seconds; a caller's
-    first window is not in the history it is fitted on. -100 where no bot audio is in range."""
+    """The window's echo as the line's 160 ms before it predict it (dBFS; the ``explain_ms``
+    span that ends with the window, less the window's own 32 ms): the same per-band fit as
+    ``unexplained_db``, on the hops before the window only, at the lag that fits them best,
+    applied to the bot's audio at the window. It follows a path that has changed (a new delay
+    or loss: the fit looks at every lag and learns the loss from those 160 ms), which the
+    locked lag and the slow echo-gain median do not for seconds; a caller's first window is not
+    in the history it is fitted on. -100 where no bot audio is in range, or none in the
+    history's reach."""
     prior_fit: float = 0.0
     """How well that fit explains the hops it was fitted on: the share of their squared band
-    energies it accounts for (0-1). Near 1 when the line's last 192 ms were the bot's echo
+    energies it accounts for (0-1). Near 1 when the line's last 160 ms were the bot's echo
     alone, at whatever delay and loss; low when a caller (or a background) is in them."""
 
     @property
@@ -552,15 +554,26 @@ class EchoGateBank:
 
         # The same fit on the history before the window: the window's own hops taken out of
         # the sums (the gains and the lag from the line as it was before this window).
-        r_w = r[:, k - nh:]
-        sry_p = sry - np.einsum("ckb,cklb->clb", y[:, k - nh:], r_w)
-        srr_p = srr - (sq[:, hi] - sq[:, hi - nh])
-        g_p = np.clip(sry_p / np.maximum(srr_p, 1e-30), 0.0, self._gmax)
+        # Both sums over the history's hops directly (not the whole sums less the window's: a
+        # loud window over a quiet history would leave rounding error as the history's sums).
+        kp = k - nh
+        sry_p: Floats = np.einsum("ckb,cklb->clb", y[:, :kp], r[:, :kp])
+        srr_p: Floats = sq[:, hi - nh] - sq[:, hi - k]
+        # A band (or a whole history) with no bot energy, or no inbound energy, to speak of
+        # (relative to the span's own: the cumulative sums round at about 1e-16 of it) fits
+        # nothing: silence at a call's start predicts no echo (-100) and explains nothing (0).
+        eps = 1e-12
+        tiny_r = srr_p <= eps * np.maximum(sq[:, -1:], 1e-300)
+        g_p = np.where(tiny_r, 0.0,
+                       np.clip(sry_p / np.maximum(srr_p, 1e-300), 0.0, self._gmax))
         err_p = (g_p * (g_p * srr_p - 2.0 * sry_p)).sum(axis=2)  # squared error less sum(y^2)
         lag_p = np.argmin(err_p, axis=1)
         prior: Floats = (g_p[sel, lag_p] * rw[sel, lag_p]).sum(axis=1) / nh
-        yy_p = (y[:, : k - nh] ** 2).sum(axis=(1, 2))
-        fit_p: Floats = np.clip(-err_p[sel, lag_p] / np.maximum(yy_p, 1e-30), 0.0, 1.0)
+        yy_p = (y[:, :kp] ** 2).sum(axis=(1, 2))
+        yy_all = (y**2).sum(axis=(1, 2))
+        fit_p: Floats = np.where(
+            yy_p <= eps * np.maximum(yy_all, 1e-300), 0.0,
+            np.clip(-err_p[sel, lag_p] / np.maximum(yy_p, 1e-300), 0.0, 1.0))
         if k == nh:  # no history before the window: nothing predicts it
             prior, fit_p = np.zeros(len(rows)), np.zeros(len(rows))
         out = left(np.argmin(err, axis=1))

@@ -322,3 +322,73 @@ def test_reference_fast_paths_write_what_the_padded_path_wrote() -> None:
             hop += WINDOW // 64
         assert int(bank._hop[row]) == hop
     assert bank._ref[row].max() > 0
+
+
+def _path_change_echo(bot: np.ndarray, change_at: int, before: int, after: int,
+                      gain: float = 0.25) -> np.ndarray:
+    """The bot's audio as its echo: ``before`` samples late until ``change_at``, ``after``
+    samples late from there (a path that moved), 12 dB down, over a faint noise floor."""
+    rng = np.random.default_rng(5)
+    echo = 1e-4 * rng.standard_normal(len(bot) + after)
+    b = bot.astype(np.float64)
+    echo[before : change_at] += gain * b[: change_at - before]
+    echo[change_at:] += gain * b[change_at - after : len(echo) - after]
+    return echo[: len(bot)]
+
+
+def test_the_prior_fit_follows_a_path_that_moved_and_a_caller_stands_over_it() -> None:
+    """``prior_echo_db``/``prior_fit``: 250 ms after an echo path moved (40 -> 290 ms), the
+    160 ms before each window predict its echo to within 2 dB and explain most of themselves,
+    though the gate's locked delay is the old one; a caller's first window (JFK, mixed in 6 dB
+    over the echo) stands over that prediction."""
+    bot = _bot("echo_only_short_delay")
+    change = int(1.5 * 8000)
+    echo = _path_change_echo(bot, change, 320, 320 + 2000)
+    readings = _gate_readings(echo, bot, 3.0)
+    settled = [r for w, r in enumerate(readings)
+               if w * WINDOW >= change + 2000 + int(0.25 * 8000) and r.level_db > -45.0
+               and r.ref_db > -99.0]
+    assert len(settled) >= 10
+    # the gate's locked delay and echo gain are the old path's: its prediction is stale
+    assert float(np.median([r.level_db - r.echo_db for r in settled])) >= 6.0
+    errors = [r.level_db - r.prior_echo_db for r in settled]
+    assert abs(float(np.median(errors))) <= 2.0, errors
+    assert float(np.median([r.prior_fit for r in settled])) >= 0.8
+    # The caller, from a window's start 2.2 s in: their first window is not in the history.
+    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
+    caller = caller.astype(np.float64)
+    at = int(2.2 * 8000) // WINDOW * WINDOW
+    loud = np.sqrt(np.mean(echo[at : at + 8000] ** 2) / np.mean(caller ** 2)) * 2.0
+    mixed = echo.copy()
+    n = min(len(caller), len(mixed) - at)
+    mixed[at : at + n] += loud * caller[:n]
+    talked = _gate_readings(mixed, bot, 3.0)
+    first = next(w for w in range(at // WINDOW, len(talked))
+                 if 10 * np.log10(np.mean((loud * caller[w * WINDOW - at : (w + 1) * WINDOW - at])
+                                          ** 2) + 1e-12) > talked[w].prior_echo_db + 6.0)
+    assert talked[first].level_db >= talked[first].prior_echo_db + 4.5, talked[first]
+
+
+def test_silent_history_and_no_history_predict_no_echo() -> None:
+    """At a call's start the bot's first audio is in the lag range but the 160 ms before the
+    window hold neither its audio nor more than a faint noise floor: the prior predicts nothing
+    (-100) and explains nothing (0). With ``explain_ms`` no longer than a window there is no history at all (k == nh)."""
+    bot = _bot("echo_only_short_delay")
+    echo = _path_change_echo(bot, len(bot), 320, 320)
+    start = _gate_readings(echo, bot, 1.0)
+    w = next(w for w, r in enumerate(start) if r.ref_db > -99.0)  # the bot's first audio in range
+    assert w >= 5 and start[w - 1].level_db < -75.0  # the line was silent before it
+    assert (start[w].prior_echo_db, start[w].prior_fit) == (-100.0, 0.0)
+    gate, sent, none = EchoGate(EchoGateSettings(explain_ms=32)), 0, []
+    for w in range(int(1.5 * 8000) // WINDOW):
+        now = (w + 1) * WINDOW
+        while sent < len(bot) and sent < now + LEAD:
+            gate.add_reference(sent, bot[sent : sent + CHUNK])
+            sent += CHUNK
+        none.append(gate.process(echo[w * WINDOW : now]))
+    heard = [r for r in none if r.level_db > -45.0 and r.ref_db > -99.0]
+    assert len(heard) >= 10
+    assert all((r.prior_echo_db, r.prior_fit) == (-100.0, 0.0) for r in heard)
+    # ... and the same line with the default history does predict its echo.
+    assert float(np.median([r.prior_fit for r in _gate_readings(echo, bot, 1.5)
+                            if r.level_db > -45.0 and r.ref_db > -99.0])) >= 0.8

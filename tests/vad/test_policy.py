@@ -596,7 +596,7 @@ def test_the_unexplained_path_measures_against_what_the_echo_does_not_explain() 
 # An echo path that just got louder (or moved): the gate's locked lag and its slow echo-gain
 # median predict the echo 15 dB under the window, and AEC3 has not re-converged (the cancelled
 # window still scores 0.6), so the raw gate calls the bot's own voice the caller. The line's
-# last 192 ms, fitted at every delay, predict the window to within 1 dB.
+# 160 ms before it, fitted at every delay, predict the window to within 1 dB.
 CHANGED_PATH_ECHO = GateReading(level_db=-24.0, echo_db=-39.0, noise_db=-45.0, echo_locked=True,
                                 passes=True, ref_db=-10.0, erl_db=25.0, echo_corr=0.9,
                                 unexplained_db=-34.0, prior_echo_db=-25.0, prior_fit=0.9)
@@ -629,4 +629,25 @@ def test_a_caller_over_the_predicted_echo_begins_a_turn_and_is_not_held_after() 
     second = replace(first, prior_echo_db=-19.0)  # the fit has learnt the caller's first window
     assert policy.step(0.99, first, VOICED, PLAYING, clean_prob=0.9) == []
     assert kinds(policy.step(0.99, second, VOICED, PLAYING, clean_prob=0.9)) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_a_held_window_does_not_hold_the_caller_the_fit_then_learns() -> None:
+    """``prior_explained_db``: a held window leaves the run at 0, so the window after it is
+    tested too, with the held one in the history; where that is the caller's onset the fit
+    learns their voice and predicts the next window at its own level. The gate's lagged
+    envelope explains a changed path's echo but not a caller: with the requirement that
+    window begins the run; without it (h12's first version) it is held again."""
+    onset = replace(CHANGED_PATH_ECHO, level_db=-22.0)  # held: 3 dB over a well-fitted echo
+    caller = replace(CHANGED_PATH_ECHO, level_db=-18.0, unexplained_db=-19.0,
+                     prior_echo_db=-18.0)  # the fit's prediction: the caller's own level
+    fixed = BargeInPolicy(BargeInSettings(prior_margin_db=4.5, prior_explained_db=3.0))
+    first = BargeInPolicy(BargeInSettings(prior_margin_db=4.5, prior_explained_db=None))
+    for policy in (fixed, first):
+        assert not policy.is_caller(0.99, onset, VOICED, clean_prob=0.9)
+        assert policy.step(0.99, onset, VOICED, PLAYING, clean_prob=0.9) == []
+    assert fixed.is_caller(0.99, caller, VOICED, clean_prob=0.9)
+    assert not first.is_caller(0.99, caller, VOICED, clean_prob=0.9)
+    assert fixed.step(0.99, caller, VOICED, PLAYING, clean_prob=0.9) == []
+    assert kinds(fixed.step(0.99, caller, VOICED, PLAYING, clean_prob=0.9)) == [
         Decision.SPEECH_STARTED, Decision.PAUSE]
