@@ -426,6 +426,13 @@ class ConfiguredLLMNode(OutputAgentNode):
         finally:
             self._note = None
         actions, self._actions = self._actions, []
+        response = next(reversed(self._responses.values()), None)
+        if actions and response is not None and response.frozen:
+            # Cut before it ended (dropped unheard by the gateway, its generation run on): the
+            # caller never heard the reply that asked for them.
+            logger.info("[%s] %s of a reply cut before its end not carried out", self.name,
+                        ", ".join(c.name for c in actions))  # fmt: skip
+            return
         for call in actions:
             await self._act(call)
 
@@ -466,11 +473,16 @@ class ConfiguredLLMNode(OutputAgentNode):
                 async for text in texts:
                     said += text
                     yield text
+            if self._generation_frozen():
+                return  # cut: the caller hears no more of it; it calls no tool, acts on none
             self._actions.extend(c for c in calls if c.name in CONTROL_TOOLS)
             functions = [c for c in calls if c.name not in CONTROL_TOOLS]
             if not functions:
                 return
             results = await self.tool_registry.execute(functions, parallel=True)
+            if self._generation_frozen():
+                self._actions.clear()
+                return  # cut while its tools ran: their results stay out of the context
             request = tool_calls_message(functions)
             self._add_before_reply([request, *(r.to_message() for r in results)])
             said_before.append((request, said))

@@ -98,6 +98,9 @@ class OutputAgentNode(Node):
         self.settings = OutputAgentSettings()
         self.context = ContextManager()
         self._responses: OrderedDict[str, _Response] = OrderedDict()
+        # The response ``_handle_llm_request`` is generating (None between responses): what
+        # the worker compares a dropped reply's id with (``_cancel_generation``).
+        self._generation: _Response | None = None
         # Set by the AgentSession at start: None generates as fast as the chunks are taken.
         self._pacer: ResponsePacer | None = None
 
@@ -151,9 +154,11 @@ class OutputAgentNode(Node):
             async with contextlib.aclosing(self._stream_reply(stream, calls)) as texts:
                 async for text in texts:
                     yield text
-            if not calls or self.tool_registry is None:
-                return
+            if not calls or self.tool_registry is None or self._generation_frozen():
+                return  # (frozen: the caller hears no more of it; its tools do not run)
             results = await self.tool_registry.execute(calls, parallel=True)
+            if self._generation_frozen():
+                return  # cut while its tools ran: their results stay out of the context
             self._add_before_reply([tool_calls_message(calls), *(r.to_message() for r in results)])
         logger.warning("[%s] still calling tools after %d rounds; reply cut short", self.name,
                        _MAX_TOOL_ROUNDS)
@@ -187,6 +192,30 @@ class OutputAgentNode(Node):
         stored = self.context.messages
         index = next((i for i, m in enumerate(stored) if m is reply), len(stored))
         stored[index:index] = messages
+
+    def _generation_frozen(self) -> bool:
+        """The response being generated was cut (a barge-in, or dropped unheard by the
+        gateway): nothing more of it is heard, so it must not act (tools, tool messages,
+        hang-up, transfer, handover)."""
+        return self._generation is not None and self._generation.frozen
+
+    async def _cancel_generation(self, request_id: str) -> bool:
+        """Cancel the loop's work if it is generating response ``request_id``; queued events
+        stay queued (unlike ``_handle_interrupt``, which a user's node may override for
+        barge-ins). Returns False, changing nothing, when it is not (it has not begun, it has
+        ended, or the loop is in another event)."""
+        response = self._generation
+        old = self._loop_task
+        if (response is None or response.request_id != request_id or old is None
+                or not self._running or old is asyncio.current_task()):
+            return False
+        self._epoch += 1  # what it emitted from now on is stale (SDKEvent.is_stale)
+        self._processing = None
+        old.cancel()
+        await asyncio.wait({old})
+        if self._running and self._loop_task is old:
+            self._loop_task = self._spawn_loop()
+        return True
 
     # -- internals --------------------------------------------------------------------------
     def _new_response(self) -> _Response:
@@ -242,6 +271,7 @@ class OutputAgentNode(Node):
     async def _handle_llm_request(self) -> None:
         response = self._new_response()
         rid = response.request_id
+        self._generation = response
         await self._emit(SDKAgentLLMResponseStartEvent(request_id=rid))
         chunks = self.generate_response()
         emitted = 0
@@ -276,4 +306,6 @@ class OutputAgentNode(Node):
                 if aclose is not None:
                     await aclose()
             finally:
+                if self._generation is response:
+                    self._generation = None
                 await self._emit(SDKAgentLLMResponseEndEvent(request_id=rid))

@@ -696,10 +696,13 @@ class SessionWorker:
         utterance.heard_ms = max(utterance.heard_ms, event.heard_ms)
         if (event.state == "interrupted" and event.heard_ms == 0 and utterance.interruptible
                 and not utterance.interrupted):
-            # Dropped unheard with no interrupt of its own: the reply to a turn the gateway had
-            # cancelled, made before this worker read that interrupt (a takeover answering that
-            # turn again). Its audio stops here, its text leaves the context (the whole turn's
-            # transcript replaces the turn too) and its generation stops (_cancel_response).
+            # Dropped unheard: either the reply to a turn the gateway had cancelled, made before
+            # this worker read that interrupt (a takeover answering that turn again), with no
+            # interrupt of its own to follow; or a barge-in before anything was heard, whose
+            # interrupt follows (the gateway reports the playback first). Either way its audio
+            # stops here, its text leaves the context (the whole turn's transcript replaces the
+            # turn too) and its generation stops (_cancel_response); a barge-in's interrupt then
+            # goes on as ever.
             self._cut(utterance, "")
             utterance.dropped = True
             await self._cancel_response(state, utterance)
@@ -707,29 +710,26 @@ class SessionWorker:
 
     @staticmethod
     async def _cancel_response(state: _Call, utterance: _Utterance) -> None:
-        """Stop the generation of ``utterance``'s response, dropped by the gateway with no
-        interrupt to follow: else its node would wait in ``_pace`` for playback progress that
-        never comes (the stall guard, >= 2 s a chunk) with its LLM stream open, and the next
-        turn's answer would wait behind it. Only that response is cancelled: when the node is
-        still in it and has nothing queued (an interrupt of the node drops a queued request to
-        answer, the next turn's own). Otherwise ``_pace`` lets it run on at once: its chunks are
-        neither synthesized nor recorded (``_cut`` froze it)."""
+        """Stop the generation of ``utterance``'s response, dropped by the gateway unheard: else
+        its node would wait in ``_pace`` for playback progress that never comes (the stall
+        guard, >= 2 s a chunk) with its LLM stream open, and the next turn's answer would wait
+        behind it. Only that response is cancelled, when the node is generating it
+        (``OutputAgentNode._generation``, not merely in the same event: a node's
+        ``process_event`` may await before it starts the next turn's response); the node's
+        queue (the next turn's request) stays, and no ``_handle_interrupt`` of the user's runs.
+        Otherwise it has ended or not begun: ``_pace`` lets what is left run on at once, nothing
+        more of it synthesized or recorded (``_cut`` froze it), and a frozen response calls no
+        tool and carries out no hang-up, transfer or handover (nodes._agents)."""
         node = utterance.node
         rid = utterance.request_id
         if not isinstance(node, OutputAgentNode) or rid is None or utterance.ended:
             return
-        # The node's newest response is this one and its loop is in it: with no await between
-        # this check and the cancel, nothing else can be cancelled or dropped with it.
-        generating = (isinstance(node._processing, SDKSystemLLMRequestEvent)
-                      and next(reversed(node._responses), None) == rid)
-        if not generating or not node._queue.empty():
+        if await node._cancel_generation(rid):
+            logger.info("call %s: response %s of node %s dropped by the gateway unheard: its "
+                        "generation is cancelled", state.sid, rid, node.name)
+        else:
             logger.info("call %s: response %s of node %s dropped by the gateway runs on "
-                        "unpaced (the node has moved on or has work queued)", state.sid, rid,
-                        node.name)
-            return
-        logger.info("call %s: response %s of node %s dropped by the gateway unheard (a reply "
-                    "to a cancelled turn): its generation is cancelled", state.sid, rid, node.name)
-        await node._handle_interrupt()
+                        "unpaced (the node is not generating it)", state.sid, rid, node.name)
 
     # -- pacing -----------------------------------------------------------------------------
     async def _progressed(self, state: _Call) -> None:

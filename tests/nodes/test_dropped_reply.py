@@ -18,12 +18,20 @@ import pytest
 
 from bus import Bus
 from nodes import (
+    HANGUP_TOOL,
     AgentSession,
+    ChatChunk,
+    ConfiguredLLMNode,
+    Node,
     OutputAgentNode,
+    SDKAgentEndCallEvent,
     SDKEvent,
     SDKSystemLLMRequestEvent,
     SessionWorker,
     ToneSynthesizer,
+    ToolCall,
+    ToolRegistry,
+    function_tool,
 )
 
 from .conftest import Line, guard, open_line, running
@@ -191,12 +199,12 @@ async def test_a_barge_in_at_heard_zero_goes_as_before(bus: Bus) -> None:
                     and e["utterance_id"] == uid]) == 1
 
 
-async def test_a_dropped_reply_with_the_next_turn_queued_runs_on_unpaced(
+async def test_a_dropped_reply_with_the_next_turn_queued_is_cancelled_and_the_turn_kept(
     bus: Bus, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A takeover's case: the next turn is already queued behind the dropped reply. Cancelling
-    the node would drop that turn's request to answer; the reply runs on instead, at once (no
-    stall guard), nothing more of it synthesized, and the next turn is answered."""
+    """A takeover's case: the next turn is already queued behind the dropped reply. Only the
+    dropped generation is cancelled (``_cancel_generation``): the queued request stays and the
+    next turn is answered in full; no stall guard fires."""
     async with paced_call(bus, "CA8105") as (worker, line, made):
         _, uid = await _first_reply(line)
         await line.publish({"type": "transcript", "text": "and then", "final": True})
@@ -206,6 +214,145 @@ async def test_a_dropped_reply_with_the_next_turn_queued_runs_on_unpaced(
                             "heard_ms": 0.0})
         await _dropped_then_next(line, uid)
         assert _audio_text_ends(line, uid) == {len(CHUNK)}
+        assert node.pulls == 4 and node.endings == ["cancelled", "done"]
         assert node.assistant() == [CHUNK * 3]  # the dropped reply left the context
         assert not [m for m in caplog.messages if "no playback progress" in m]
         await line.end(worker)
+
+
+# -- a frozen response does not act (issue #17) ------------------------------------------------
+
+class _Recorder(Node):
+    """A child that keeps what the node emits."""
+
+    def __init__(self) -> None:
+        super().__init__(name="recorder", is_interruptible=False)
+        self.events: list[SDKEvent] = []
+
+    async def queue_event(self, event: SDKEvent) -> None:
+        self.events.append(event)
+
+
+class _CutMidReplyLLM:
+    """Streams "bye for now", then asks for a function tool and ``callgate_hangup``; between
+    the text and the calls the worker's cut lands (``_truncate_response(rid, "")``), as a drop
+    by the gateway does while the generation runs on."""
+
+    def __init__(self) -> None:
+        self.node: ConfiguredLLMNode | None = None
+        self.requests = 0
+
+    async def chat(self, messages: list[dict[str, Any]], stream: bool = True,
+                   tools: Any = None) -> AsyncIterator[ChatChunk]:
+        self.requests += 1
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[ChatChunk]:
+        node = self.node
+        assert node is not None and node._generation is not None
+        yield ChatChunk(content="bye for now")
+        assert node._truncate_response(node._generation.request_id, "")
+        yield ChatChunk(tool_calls=[ToolCall(id="c1", name="note_it", arguments="{}"),
+                                    ToolCall(id="c2", name=HANGUP_TOOL, arguments="{}")],
+                        finish_reason="tool_calls")
+
+
+def _tool_node(llm: _CutMidReplyLLM) -> tuple[ConfiguredLLMNode, _Recorder, list[str]]:
+    ran: list[str] = []
+
+    @function_tool
+    def note_it() -> str:
+        """Note the call."""
+        ran.append("note_it")
+        return "noted"
+
+    tools = ToolRegistry()
+    tools.register(note_it)
+    node = ConfiguredLLMNode("agent", llm=llm, tools=tools)  # type: ignore[arg-type]
+    llm.node = node
+    recorder = _Recorder()
+    node.add_child(recorder)
+    return node, recorder, ran
+
+
+async def test_a_reply_cut_while_it_runs_on_calls_no_tool_and_does_not_hang_up() -> None:
+    llm = _CutMidReplyLLM()
+    node, recorder, ran = _tool_node(llm)
+    node.context.add_message({"role": "user", "content": "that's all"})
+    await node._respond()
+    assert ran == []  # the function tool did not run
+    assert llm.requests == 1  # no second round with tool results
+    assert [m["role"] for m in node.context.messages] == ["user"]  # no tool message, no reply
+    assert not [e for e in recorder.events if isinstance(e, SDKAgentEndCallEvent)]
+    assert node._generation is None
+
+
+async def test_a_reply_not_cut_does_hang_up() -> None:
+    """The positive: the same reply, heard, runs its tool and hangs up."""
+
+    class Heard(_CutMidReplyLLM):
+        async def _stream(self) -> AsyncIterator[ChatChunk]:
+            if self.requests > 1:
+                yield ChatChunk(content="done", finish_reason="stop")
+                return
+            yield ChatChunk(content="bye for now")
+            yield ChatChunk(tool_calls=[ToolCall(id="c1", name="note_it", arguments="{}"),
+                                        ToolCall(id="c2", name=HANGUP_TOOL, arguments="{}")],
+                            finish_reason="tool_calls")
+
+    llm = Heard()
+    node, recorder, ran = _tool_node(llm)
+    node.context.add_message({"role": "user", "content": "that's all"})
+    await node._respond()
+    assert ran == ["note_it"]
+    assert "tool" in [m["role"] for m in node.context.messages]
+    assert [e for e in recorder.events if isinstance(e, SDKAgentEndCallEvent)]
+
+
+class _Slow(Paced):
+    """Awaits ``gate`` in ``process_event`` before it starts its second response: the window
+    in which the loop is in a request but not yet generating it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handled = 0
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.both_done = asyncio.Event()
+
+    async def process_event(self, event: SDKEvent) -> None:
+        if isinstance(event, SDKSystemLLMRequestEvent):
+            self.handled += 1
+            if self.handled == 2:
+                self.waiting.set()
+                await self.gate.wait()
+        await super().process_event(event)
+
+    async def generate_response(self) -> AsyncIterator[str]:
+        async for chunk in super().generate_response():
+            yield chunk
+        if self.endings == ["done", "done"]:
+            self.both_done.set()
+
+
+async def test_a_drop_in_the_window_before_the_next_response_cancels_nothing() -> None:
+    """The node's loop is in the next turn's request (awaiting before ``super()``) when the
+    previous response's id comes to be cancelled: ``_cancel_generation`` compares the id the
+    node is generating (none yet), cancels nothing, and the next response is made in full."""
+    node = _Slow()
+    recorder = _Recorder()
+    node.add_child(recorder)
+    await node.start()
+    try:
+        await node.queue_event(SDKSystemLLMRequestEvent())
+        await node.queue_event(SDKSystemLLMRequestEvent())
+        await guard(node.waiting.wait())
+        assert isinstance(node._processing, SDKSystemLLMRequestEvent)  # the old check's "in it"
+        first = next(reversed(node._responses))
+        assert node._generation is None
+        assert await node._cancel_generation(first) is False
+        node.gate.set()
+        await guard(node.both_done.wait())
+        assert node.pulls == 6 and node.endings == ["done", "done"]
+    finally:
+        await node.stop()
