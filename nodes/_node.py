@@ -147,11 +147,16 @@ class Node:
             self._loop_task = self._spawn_loop()
             old.cancel()
             return
+        await self._restart_loop(old)
+        logger.debug("[%s] interrupt handled", self.name)
+
+    async def _restart_loop(self, old: asyncio.Task[None]) -> None:
+        """Cancel the loop task ``old`` (not the current task) and wait for it to end; then,
+        if it is still the node's loop, start a fresh one on the same queue."""
         old.cancel()
         await asyncio.wait({old})
         if self._running and self._loop_task is old:
             self._loop_task = self._spawn_loop()
-        logger.debug("[%s] interrupt handled", self.name)
 
     # -- lifecycle --------------------------------------------------------------------------
     def _spawn_loop(self) -> asyncio.Task[None]:

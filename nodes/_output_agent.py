@@ -211,10 +211,7 @@ class OutputAgentNode(Node):
             return False
         self._epoch += 1  # what it emitted from now on is stale (SDKEvent.is_stale)
         self._processing = None
-        old.cancel()
-        await asyncio.wait({old})
-        if self._running and self._loop_task is old:
-            self._loop_task = self._spawn_loop()
+        await self._restart_loop(old)
         return True
 
     # -- internals --------------------------------------------------------------------------

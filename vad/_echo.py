@@ -569,8 +569,9 @@ class EchoGateBank:
         err_p = (g_p * (g_p * srr_p - 2.0 * sry_p)).sum(axis=2)  # squared error less sum(y^2)
         lag_p = np.argmin(err_p, axis=1)
         prior: Floats = (g_p[sel, lag_p] * rw[sel, lag_p]).sum(axis=1) / nh
-        yy_p = (y[:, :kp] ** 2).sum(axis=(1, 2))
-        yy_all = (y**2).sum(axis=(1, 2))
+        y2 = y * y
+        yy_p = y2[:, :kp].sum(axis=(1, 2))
+        yy_all = y2.sum(axis=(1, 2))
         fit_p: Floats = np.where(
             yy_p <= eps * np.maximum(yy_all, 1e-300), 0.0,
             np.clip(-err_p[sel, lag_p] / np.maximum(yy_p, 1e-300), 0.0, 1.0))
