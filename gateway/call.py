@@ -58,7 +58,7 @@ from vad._turn import TurnDecision, TurnDetector, TurnSettings
 
 from . import twilio_protocol as tp
 from .logs import RateLimitedLog
-from .playback import Chunk, Outcome, Playback, PlaybackError, UtteranceState
+from .playback import Chunk, Outcome, Playback, PlaybackError, Utterance, UtteranceState
 from .timeline import Timeline, TurnClock
 
 __all__ = ["CallPhase", "CallRejected", "CallSession", "CallSettings"]
@@ -225,8 +225,9 @@ class CallSession:
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
         self._carry_text = False  # the caller went on before the early transcript came back
-        # turn.speculate: (stream, text sent, merged prefix) while its final is on its way.
-        self._speculated: tuple[Any, str, str | None] | None = None
+        # turn.speculate: (stream, text sent, merged prefix, its bus eid) while its final is on
+        # its way; the eid, not the text, is the turn (a caller may say "yes" twice).
+        self._speculated: tuple[Any, str, str | None, str | None] | None = None
         self._turn_over_uninterruptible = False  # the last turn was spoken over such a reply
         # The bus eid of the last final transcript published while its reply is owed (the turn
         # the next reply answers; None once that reply is heard), and the turns whose reply was
@@ -278,18 +279,34 @@ class CallSession:
         elif isinstance(msg, tp.Dtmf):
             await self._on_dtmf(msg)
         elif isinstance(msg, tp.Mark):
+            # A mark that counts is the head's (the next utterance is sent only once the head
+            # is all heard, and a clear retires what was pending): read before on_mark, it is
+            # the utterance heard even when this mark finished it (a one-chunk reply).
+            head = self.playback.current
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
             u = self.playback.current
             if u is not None and u.heard_ms > 0 and u.id != self._heard_utterance:
                 self._heard_utterance = u.id  # its first chunk has played at the caller
                 self.emit("bot_utterance_heard", utterance_id=u.id,
                           played_from_ms=round(self.now_ms - u.heard_ms, 1))
-            if self._unanswered is not None and u is not None and u.heard_ms > 0:
+            if head is not None and head.heard_ms > 0 and self._answers_turn(head):
                 self._unanswered = None  # the caller has heard the reply begin: turn closed
                 self._reply_eid = None
             await self._report_progress()
         elif isinstance(msg, tp.Stop):
             await self.end("stop")
+
+    def _answers_turn(self, u: Utterance) -> bool:
+        """``u`` is the reply to the turn still owed one (its transcript, or the revision that
+        replaced it, is ``_reply_eid``): only hearing that closes the turn. A greeting, a key
+        press's answer or the tail of an earlier reply answer other eids: a caller who speaks
+        after hearing one of those still resumes the turn. An utterance that names nothing
+        (``reply_to`` None) closes it too: a 1.1 worker names nothing for its replies, and a
+        prompt of the worker's own (no uplink event caused it) is the bot speaking after the
+        turn, so the caller's next words answer it; left open, a reply the caller heard would
+        be cancelled and its turn replaced (the worker takes the turn and that answer out of
+        the context: the caller heard an answer the agent no longer has)."""
+        return self._unanswered is not None and u.reply_to in (None, self._reply_eid)
 
     def _skip(self, reason: str) -> None:
         self.frames_skipped += 1
@@ -492,13 +509,16 @@ class CallSession:
             text=whole, final=True, replaces_previous=replaces, t_ms=self.now_ms))
         self._unanswered = whole
         self._turn_end_ms = self.now_ms
-        self._speculated = (stream, whole, prefix)
+        self._speculated = (stream, whole, prefix, self._reply_eid)
 
-    async def _settle_speculation(self, said: str, prefix: str | None, text: str) -> None:
-        """The final transcript of a turn whose partial was sent (``_speculate``)."""
+    async def _settle_speculation(self, said: str, prefix: str | None, eid: str | None,
+                                  text: str) -> None:
+        """The final transcript of a turn whose partial ``said`` went out as ``eid``
+        (``_speculate``). The turn is found by that eid: by its words, the caller's next turn
+        saying the same ("yes", "yes") was taken for it, resumed or revised."""
         whole = f"{prefix} {text}".strip() if prefix else text
         resumed = self._resumed
-        if resumed is not None and resumed[1] == said:
+        if resumed is not None and resumed[0] == eid:
             # The caller went on meanwhile: the final's words replace the partial's.
             self._resumed = (resumed[0], whole, resumed[2])
             self.emit("transcript", text=whole, final=True, dropped="resumed")
@@ -507,8 +527,10 @@ class CallSession:
             self.emit("transcript", text=whole, final=True, dropped="confirmed")
             return
         u = self.playback.current
-        if self._unanswered != said or (u is not None and not u.interruptible):
-            # The reply is heard already (or must be): too late to make it again.
+        if (self._unanswered is None or self._reply_eid != eid
+                or (u is not None and not u.interruptible)):
+            # The reply is heard already (or must be), or a later turn is out: too late to
+            # make it again.
             self.emit("transcript", text=whole, final=True, dropped="late")
             return
         self._cancel_reply("revised")
@@ -651,9 +673,9 @@ class CallSession:
         if stream is self._turn_text_stream and text:
             self.turn.set_transcript(text)  # the turn end is still to come: its words, whole
         if self._speculated is not None and self._speculated[0] is stream and not dropped:
-            _, said, prefix = self._speculated
+            _, said, prefix, eid = self._speculated
             self._speculated = None
-            await self._settle_speculation(said, prefix, text)
+            await self._settle_speculation(said, prefix, eid, text)
             return
         extra: dict[str, Any] = {"dropped": reason} if dropped else {}
         if self._carry_text and not dropped:
@@ -733,7 +755,8 @@ class CallSession:
             match event:
                 case bp.UtteranceStart():
                     self.playback.start(event.utterance_id, node=event.node,
-                                        interruptible=event.interruptible, text=event.text or "")
+                                        interruptible=event.interruptible, text=event.text or "",
+                                        reply_to=event.reply_to)
                     await self._stale_reply(event)
                 case bp.Audio():
                     added = self.playback.add_audio(event.utterance_id, event.payload)

@@ -61,6 +61,9 @@ class Utterance:
     spans: list[list[int]] = field(default_factory=list)
     """[audio start, audio end (bytes), text start, text end] per text span, from the
     downlink's ``audio`` events: which words which audio speaks."""
+    reply_to: str | None = None
+    """The eid of the uplink event it answers (``utterance_start.reply_to``); None when the
+    worker named none."""
 
     @property
     def heard_ms(self) -> float:
@@ -170,10 +173,11 @@ class Playback:
         return None
 
     # -- downlink ----------------------------------------------------------------------------
-    def start(self, utterance_id: str, *, node: str, interruptible: bool, text: str = "") -> None:
+    def start(self, utterance_id: str, *, node: str, interruptible: bool, text: str = "",
+              reply_to: str | None = None) -> None:
         if utterance_id in self._by_id:
             return  # at-least-once delivery: a repeated start is a no-op
-        u = Utterance(utterance_id, node, interruptible, text)
+        u = Utterance(utterance_id, node, interruptible, text, reply_to=reply_to)
         self._by_id[utterance_id] = u
         self._queue.append(u)
 

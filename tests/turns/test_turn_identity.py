@@ -1,0 +1,268 @@
+"""A turn is its transcript's bus eid, not its words (review of session 9, issue #17).
+
+Two places took a turn for another:
+
+* the reply counted as heard when the caller heard *any* utterance (a greeting still playing, a
+  key press's answer), so a caller who went on after it was taken to barge in on the reply,
+  which then played, and the agent got two user messages for one turn. Only the utterance whose
+  ``reply_to`` is the turn's transcript eid (or its revision's) closes the turn; one that names
+  nothing (a 1.1 worker's reply, a prompt of the worker's own) closes it too (the reason is on
+  ``CallSession._answers_turn``);
+* a speculation's final found "its" turn by the partial's words, so a later turn with the same
+  words ("yes", then "yes") was resumed or revised in its place.
+
+The session is a real ``CallSession`` on the embedded bus and the Silero engine; the bot's audio
+goes to a Twilio stand-in (``TwilioPlayout``) whose mark echoes come back as Twilio frames. The
+end-to-end case replays long_turn_librivox through the gateway with an agent on the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from bus import Bus, EmbeddedBus
+from bus import protocol as bp
+from gateway import twilio_protocol as tp
+from gateway.call import CallSession, CallSettings
+from gateway.replay import recording_messages, replay
+from gateway.timeline import Timeline
+from gateway.twilio_sim import TwilioPlayout
+from tests import recordings_index as rec
+from tests.gateway.test_cancelled_turns import _finals, _Said
+from vad import SpeechStarted, VadEngine
+from vad._turn import TurnSettings
+
+_REPLY_MS = 120  # three 40 ms chunks: heard from the first echoed mark
+
+
+class _Line:
+    """A started call whose bot audio plays on a Twilio stand-in."""
+
+    def __init__(self, bus: EmbeddedBus, engine: VadEngine) -> None:
+        self.playout: TwilioPlayout | None = None
+        self.session = CallSession(send=self._send, bus=bus, vad=engine, timeline=Timeline(),
+                                   transcribe_inline=True)
+        self._echoes: list[str] = []
+        self._seq = 10_000  # sequence numbers of the silent frames fed while the bot talks
+
+    async def _send(self, text: str) -> None:
+        assert self.playout is not None
+        self._echoes.extend(self.playout.receive(text, at_ms=self.session.now_ms))
+
+    async def start(self) -> CallSession:
+        for line in recording_messages(rec.source("barge_in_timit")):
+            await self.session.handle_text(line)
+            if json.loads(line).get("event") == "start":
+                break
+        assert self.session.info is not None
+        self.playout = TwilioPlayout(stream_sid=self.session.stream_sid)
+        return self.session
+
+    async def play(self, utterance_id: str, reply_to: str | None, ms: int = _REPLY_MS) -> None:
+        """The worker sends a whole utterance of ``ms``; Twilio plays it and echoes its marks."""
+        session = self.session
+        await session.handle_downlink(bp.UtteranceStart(utterance_id=utterance_id, node="n",
+                                                        reply_to=reply_to))
+        await session.handle_downlink(bp.Audio(utterance_id=utterance_id,
+                                               payload=b"\xff" * (8 * ms)))
+        await session.handle_downlink(bp.UtteranceEnd(utterance_id=utterance_id))
+        assert self.playout is not None
+        for _ in range(ms // 20 + 25):  # the caller's line is silent while it plays
+            if self._finished(utterance_id):
+                return
+            self._echoes.extend(self.playout.advance(session.now_ms))
+            while self._echoes:
+                await session.handle_text(self._echoes.pop(0))
+            self._seq += 1
+            await session.handle_text(tp.build_media(
+                sequence_number=self._seq, stream_sid=session.stream_sid, chunk=self._seq,
+                timestamp_ms=int(session.now_ms), payload=b"\xff" * 160))
+        raise AssertionError(f"{utterance_id} was not played to the end")
+
+    def _finished(self, utterance_id: str) -> bool:
+        return any(e["type"] == "bot_utterance_finished" and e["utterance_id"] == utterance_id
+                   for e in self.session.timeline.events)
+
+    async def caller_goes_on(self) -> None:
+        """The caller speaks again before hearing the reply: the policy's effect for it."""
+        view = self.session._bot_view()
+        assert view.reply_unheard
+        await self.session._carry_out(SpeechStarted(over_uninterruptible=False, drop_reply=True))
+
+
+async def test_only_the_turns_own_reply_heard_closes_the_turn() -> None:
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await session._transcribed(_Said("what is my"), False, None)
+        eid = session._reply_eid
+        assert eid is not None
+        # A greeting (it answers call_started) and a key press's answer, heard in full: the
+        # turn's reply is still owed, so the caller going on now resumes the turn.
+        await line.play("utt-greeting", reply_to="1-0")
+        await line.play("utt-key", reply_to="7-0")
+        assert session._bot_view().reply_unheard
+        await line.play("utt-reply", reply_to=eid)
+        assert not session._bot_view().reply_unheard
+        # A one-chunk reply is finished by its only mark: it is heard all the same.
+        await session._transcribed(_Said("thanks"), False, None)
+        assert session._bot_view().reply_unheard
+        await line.play("utt-ok", reply_to=session._reply_eid, ms=40)
+        assert not session._bot_view().reply_unheard
+        await session.end("stop")
+
+
+async def test_an_utterance_that_names_no_turn_closes_it() -> None:
+    """A 1.1 worker's reply, or a prompt of the worker's own, names no uplink event: heard, the
+    turn is closed (kept open, a reply the caller heard would be cancelled by their next words
+    and its turn replaced)."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await session._transcribed(_Said("what is my balance"), False, None)
+        await line.play("utt-prompt", reply_to=None)
+        assert not session._bot_view().reply_unheard
+        await session.end("stop")
+
+
+async def _speculated(line: _Line, partial: str, final: str) -> tuple[_Said, str]:
+    """``turn.speculate``: the partial goes out as the turn; its final is still to come."""
+    stream = _Said(final, partial=partial)
+    line.session._stt_stream = stream
+    await line.session._speculate()
+    line.session._stt_stream = None
+    eid = line.session._reply_eid
+    assert eid is not None and _finals(line.session)[-1]["speculative"] is True
+    return stream, eid
+
+
+async def test_a_late_final_does_not_revise_a_later_turn_with_the_same_words() -> None:
+    """Turn 1 "yes" (a partial; its final "yes sir" is late), answered and heard; turn 2 says
+    "yes" too. Turn 1's final is too late: turn 2 stands, and its reply is not cancelled."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, first_eid = await _speculated(line, "yes", "yes sir")
+        await line.play("utt-1", reply_to=first_eid)
+        await session._transcribed(_Said("yes"), False, None)
+        second_eid = session._reply_eid
+        await session._transcribed(first, False, None)  # turn 1's final comes now
+        settled = session.timeline.events[-1]
+        assert settled["type"] == "transcript" and settled["text"] == "yes sir"
+        assert settled["dropped"] == "late"
+        assert _finals(session)[-1]["text"] == "yes" and session._reply_eid == second_eid
+        assert second_eid not in session._cancelled_turns
+        assert not [e for e in session.timeline.events if e.get("reason") == "revised"]
+        await session.end("stop")
+
+
+async def test_a_late_final_is_not_merged_into_a_later_resumed_turn_with_the_same_words() -> None:
+    """Turn 1 "yes" (partial; final "yes sir", late), heard; turn 2 "yes", and the caller goes on
+    before its reply: turn 2 is resumed. Turn 1's final is not turn 2's: the whole turn is
+    turn 2's words and the new ones."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, first_eid = await _speculated(line, "yes", "yes sir")
+        await line.play("utt-1", reply_to=first_eid)
+        await session._transcribed(_Said("yes"), False, None)
+        await line.caller_goes_on()
+        await session._transcribed(first, False, None)  # turn 1's final comes now
+        assert session.timeline.events[-1]["dropped"] == "late"
+        await session._transcribed(_Said("please"), False, None)
+        whole = _finals(session)[-1]
+        assert whole["text"] == "yes please" and whole["replaces_previous"] is True
+        await session.end("stop")
+
+
+async def test_the_speculated_turn_resumed_takes_its_final_words() -> None:
+    """The control: the caller resumed the speculated turn itself; its final's words replace
+    the partial's in the whole turn."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, _ = await _speculated(line, "yes", "yes sir")
+        await line.caller_goes_on()
+        await session._transcribed(first, False, None)
+        assert session.timeline.events[-1]["dropped"] == "resumed"
+        await session._transcribed(_Said("please"), False, None)
+        whole = _finals(session)[-1]
+        assert whole["text"] == "yes sir please" and whole["replaces_previous"] is True
+        await session.end("stop")
+
+
+class _Agent:
+    """A worker on the bus that answers the call's first turn with one short utterance: a reply
+    to that turn (``reply_to`` its transcript's eid) or, with ``other``, one answering
+    ``call_started`` (a late greeting); nothing else. Records the uplink."""
+
+    def __init__(self, *, other: bool) -> None:
+        self.other = other
+        self.uplink: list[bp.UplinkEvent] = []
+
+    async def __call__(self, bus: Bus, stop: asyncio.Event) -> None:
+        async for call in bus.claim_calls("w17e"):
+            started = ""
+            async for m in bus.uplink(call.call_sid, "w17e"):
+                event = bp.decode(m.event)
+                assert isinstance(event, bp.UplinkEvent)
+                self.uplink.append(event)
+                await bus.ack(call.call_sid, m.id)
+                if isinstance(event, bp.CallStarted):
+                    started = str(m.event["eid"])
+                if isinstance(event, bp.Transcript) and len(self._finals()) == 1:
+                    uid = "utt-first"
+                    reply_to = started if self.other else str(m.event["eid"])
+                    for out in (bp.UtteranceStart(utterance_id=uid, node="n", reply_to=reply_to),
+                                bp.Audio(utterance_id=uid, payload=b"\xff" * (8 * _REPLY_MS)),
+                                bp.UtteranceEnd(utterance_id=uid)):
+                        await bus.send(call.call_sid, bp.encode(out))
+                if isinstance(event, bp.CallEnded):
+                    return
+
+    def _finals(self) -> list[bp.Transcript]:
+        return [e for e in self.uplink if isinstance(e, bp.Transcript) and e.final]
+
+
+class _Words:
+    def open_stream(self, *, sample_rate: int) -> _Said:
+        return _Said("what is my")
+
+
+async def _replayed(agent: _Agent) -> list[dict[str, Any]]:
+    """long_turn_librivox with a 200 ms silence timer: a turn end in each ~460 ms pause, so
+    the first turn's utterance plays and is heard inside the pause, before the caller goes on."""
+    timeline = Timeline()
+    await replay(rec.source("long_turn_librivox"), agent=agent,
+                 transcriber_for=lambda info: _Words(),
+                 settings=CallSettings(turn=TurnSettings(mode="silence", silence_ms=200)),
+                 timeline=timeline)
+    heard = [e for e in timeline.events if e["type"] == "bot_utterance_heard"]
+    assert [e["utterance_id"] for e in heard] == ["utt-first"]
+    first_final = next(e for e in timeline.events if e["type"] == "transcript" and e["final"])
+    speech = [e for e in timeline.events
+              if e["type"] == "speech_started" and e["t_ms"] > first_final["t_ms"]]
+    assert speech and heard[0]["t_ms"] < speech[0]["t_ms"], "heard only after the caller went on"
+    return timeline.events
+
+
+async def test_a_caller_who_goes_on_after_hearing_another_utterance_resumes_the_turn() -> None:
+    """End to end: a late greeting plays in the first pause and is heard; the caller goes on:
+    the turn is resumed (one user message), as in every later pause. The control: the turn's
+    own reply heard in that pause closes it, and the caller's next words are a turn of their
+    own."""
+    other = _Agent(other=True)
+    events = await _replayed(other)
+    transcripts = other._finals()
+    resumed = [e for e in events if e["type"] == "turn_resumed"]
+    assert len(transcripts) >= 3 and len(resumed) == len(transcripts) - 1
+    assert [t.replaces_previous for t in transcripts] == [False] + [True] * len(resumed)
+
+    own = _Agent(other=False)
+    events = await _replayed(own)
+    transcripts = own._finals()
+    resumed = [e for e in events if e["type"] == "turn_resumed"]
+    assert len(resumed) == len(transcripts) - 2  # every pause but the first
+    assert [t.replaces_previous for t in transcripts[:2]] == [False, False]
