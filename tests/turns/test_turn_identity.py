@@ -138,16 +138,23 @@ async def _speculated(line: _Line, partial: str, final: str) -> tuple[_Said, str
     return stream, eid
 
 
+async def _yes_twice(line: _Line) -> tuple[_Said, str]:
+    """Turn 1 "yes" (a partial; its final "yes sir" is late), answered and heard; then turn 2
+    says "yes" too. Returns turn 1's stream (its final still to come) and turn 2's eid."""
+    first, first_eid = await _speculated(line, "yes", "yes sir")
+    await line.play("utt-1", reply_to=first_eid)
+    await line.session._transcribed(_Said("yes"), False, None)
+    second_eid = line.session._reply_eid
+    assert second_eid is not None and second_eid != first_eid
+    return first, second_eid
+
+
 async def test_a_late_final_does_not_revise_a_later_turn_with_the_same_words() -> None:
-    """Turn 1 "yes" (a partial; its final "yes sir" is late), answered and heard; turn 2 says
-    "yes" too. Turn 1's final is too late: turn 2 stands, and its reply is not cancelled."""
+    """Turn 1's final is too late: turn 2 ("yes" too) stands, and its reply is not cancelled."""
     async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
         line = _Line(bus, engine)
         session = await line.start()
-        first, first_eid = await _speculated(line, "yes", "yes sir")
-        await line.play("utt-1", reply_to=first_eid)
-        await session._transcribed(_Said("yes"), False, None)
-        second_eid = session._reply_eid
+        first, second_eid = await _yes_twice(line)
         await session._transcribed(first, False, None)  # turn 1's final comes now
         settled = session.timeline.events[-1]
         assert settled["type"] == "transcript" and settled["text"] == "yes sir"
@@ -159,15 +166,12 @@ async def test_a_late_final_does_not_revise_a_later_turn_with_the_same_words() -
 
 
 async def test_a_late_final_is_not_merged_into_a_later_resumed_turn_with_the_same_words() -> None:
-    """Turn 1 "yes" (partial; final "yes sir", late), heard; turn 2 "yes", and the caller goes on
-    before its reply: turn 2 is resumed. Turn 1's final is not turn 2's: the whole turn is
-    turn 2's words and the new ones."""
+    """The caller goes on before turn 2's reply: turn 2 is resumed. Turn 1's late final is not
+    turn 2's: the whole turn is turn 2's words and the new ones."""
     async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
         line = _Line(bus, engine)
         session = await line.start()
-        first, first_eid = await _speculated(line, "yes", "yes sir")
-        await line.play("utt-1", reply_to=first_eid)
-        await session._transcribed(_Said("yes"), False, None)
+        first, _ = await _yes_twice(line)
         await line.caller_goes_on()
         await session._transcribed(first, False, None)  # turn 1's final comes now
         assert session.timeline.events[-1]["dropped"] == "late"
