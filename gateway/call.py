@@ -225,9 +225,12 @@ class CallSession:
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
         self._carry_text = False  # the caller went on before the early transcript came back
-        # turn.speculate: (stream, text sent, merged prefix, its bus eid) while its final is on
-        # its way; the eid, not the text, is the turn (a caller may say "yes" twice).
-        self._speculated: tuple[Any, str, str | None, str | None] | None = None
+        # turn.speculate: per stream whose partial was sent, (the stream, text sent, merged
+        # prefix, its bus eid) while its final is on its way; the eid, not the text, is the turn
+        # (a caller may say "yes" twice). Several at once: the caller may resume a turn and end
+        # the whole one before the first final is back; with one kept, that final was
+        # published as a turn of its own.
+        self._speculated: dict[int, tuple[Any, str, str | None, str | None]] = {}
         self._turn_over_uninterruptible = False  # the last turn was spoken over such a reply
         # The bus eid of the last final transcript published while its reply is owed (the turn
         # the next reply answers; None once that reply is heard), and the turns whose reply was
@@ -509,7 +512,7 @@ class CallSession:
             text=whole, final=True, replaces_previous=replaces, t_ms=self.now_ms))
         self._unanswered = whole
         self._turn_end_ms = self.now_ms
-        self._speculated = (stream, whole, prefix, self._reply_eid)
+        self._speculated[id(stream)] = (stream, whole, prefix, self._reply_eid)
 
     async def _settle_speculation(self, said: str, prefix: str | None, eid: str | None,
                                   text: str) -> None:
@@ -664,6 +667,7 @@ class CallSession:
             return
         finally:
             stream.close()
+            speculated = self._speculated.pop(id(stream), None)  # settled now, or never
         degraded = getattr(stream, "degraded", None)
         if degraded is not None:  # the streaming session failed; the upload answered
             self._stt_error(degraded, during="final", fallback="upload")
@@ -672,9 +676,8 @@ class CallSession:
             return
         if stream is self._turn_text_stream and text:
             self.turn.set_transcript(text)  # the turn end is still to come: its words, whole
-        if self._speculated is not None and self._speculated[0] is stream and not dropped:
-            _, said, prefix, eid = self._speculated
-            self._speculated = None
+        if speculated is not None and not dropped:
+            _, said, prefix, eid = speculated
             await self._settle_speculation(said, prefix, eid, text)
             return
         extra: dict[str, Any] = {"dropped": reason} if dropped else {}

@@ -270,3 +270,25 @@ async def test_a_caller_who_goes_on_after_hearing_another_utterance_resumes_the_
     resumed = [e for e in events if e["type"] == "turn_resumed"]
     assert len(resumed) == len(transcripts) - 2  # every pause but the first
     assert [t.replaces_previous for t in transcripts[:2]] == [False, False]
+
+
+async def test_a_final_that_comes_after_the_next_speculation_is_no_turn_of_its_own() -> None:
+    """Turn 1's partial went out, the caller resumed it, and the whole turn's partial went out
+    before turn 1's final came back: that final settles turn 1 (too late to revise it: the
+    whole turn is out), it is not published as a turn after the whole one. Before, one
+    speculation was kept at a time, and turn 1's final went out as a new turn."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, _ = await _speculated(line, "what is my", "what's my")
+        await line.caller_goes_on()
+        second, whole_eid = await _speculated(line, "balance", "balance please")
+        assert _finals(session)[-1]["text"] == "what is my balance"
+        await session._transcribed(first, False, None)
+        settled = session.timeline.events[-1]
+        assert settled["text"] == "what's my" and settled["dropped"] == "late"
+        assert session._reply_eid == whole_eid
+        await session._transcribed(second, False, None)  # the whole turn's own final revises it
+        revised = _finals(session)[-1]
+        assert revised["text"] == "what is my balance please" and revised["revises"] is True
+        await session.end("stop")
