@@ -284,14 +284,14 @@ class CallSession:
         elif isinstance(msg, tp.Mark):
             # A mark that counts is the head's (the next utterance is sent only once the head
             # is all heard, and a clear retires what was pending): read before on_mark, it is
-            # the utterance heard even when this mark finished it (a one-chunk reply).
+            # the utterance heard even when this mark finished it (a one-chunk reply, which
+            # read after it was never heard).
             head = self.playback.current
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
-            u = self.playback.current
-            if u is not None and u.heard_ms > 0 and u.id != self._heard_utterance:
-                self._heard_utterance = u.id  # its first chunk has played at the caller
-                self.emit("bot_utterance_heard", utterance_id=u.id,
-                          played_from_ms=round(self.now_ms - u.heard_ms, 1))
+            if head is not None and head.heard_ms > 0 and head.id != self._heard_utterance:
+                self._heard_utterance = head.id  # its first chunk has played at the caller
+                self.emit("bot_utterance_heard", utterance_id=head.id,
+                          played_from_ms=round(self.now_ms - head.heard_ms, 1))
             if head is not None and head.heard_ms > 0 and self._answers_turn(head):
                 self._unanswered = None  # the caller has heard the reply begin: turn closed
                 self._reply_eid = None

@@ -111,6 +111,9 @@ async def test_only_the_turns_own_reply_heard_closes_the_turn() -> None:
         assert session._bot_view().reply_unheard
         await line.play("utt-ok", reply_to=session._reply_eid, ms=40)
         assert not session._bot_view().reply_unheard
+        heard = [e["utterance_id"] for e in session.timeline.events
+                 if e["type"] == "bot_utterance_heard"]
+        assert heard == ["utt-greeting", "utt-key", "utt-reply", "utt-ok"]
         await session.end("stop")
 
 
