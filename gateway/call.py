@@ -283,9 +283,9 @@ class CallSession:
             await self._on_dtmf(msg)
         elif isinstance(msg, tp.Mark):
             # A mark that counts is the head's (the next utterance is sent only once the head
-            # is all heard, and a clear retires what was pending): read before on_mark, it is
-            # the utterance heard even when this mark finished it (a one-chunk reply, which
-            # read after it was never heard).
+            # is all heard, and a clear retires what was pending). Read before on_mark, it is
+            # the utterance heard even when this mark finished it: read after, the head is the
+            # next one, and an utterance of one chunk was never heard.
             head = self.playback.current
             await self._apply(self.playback.on_mark(msg.name, self.now_ms))
             if head is not None and head.heard_ms > 0 and head.id != self._heard_utterance:
