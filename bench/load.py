@@ -178,10 +178,12 @@ STT_KEY_VAR = "CALLGATE_BENCH_STT_KEY"
 _BOT = {"always": "bot always talking", "once": "bot speaks once per call", "never": "bot silent"}
 
 
-def bench_config(stt_port: int | None, chunk_ms: int | None = None) -> str:
+def bench_config(stt_port: int | None, chunk_ms: int | None = None,
+                 echo_canceller: str | None = None) -> str:
     """The shipped config, with room for every call (``server.max_calls``) and, given
     ``stt_port``, every agent's speech to text on the bench worker's stub OpenAI endpoint;
-    ``chunk_ms`` sets every agent's ``barge_in.playback_chunk_ms``."""
+    ``chunk_ms`` sets every agent's ``barge_in.playback_chunk_ms`` and ``echo_canceller``
+    its ``barge_in.echo_canceller``."""
     import yaml
 
     from config import DEFAULT_CONFIG
@@ -196,6 +198,9 @@ def bench_config(stt_port: int | None, chunk_ms: int | None = None) -> str:
     if chunk_ms is not None:
         for agent in (cfg.get("agents") or {}).values():
             agent.setdefault("barge_in", {})["playback_chunk_ms"] = chunk_ms
+    if echo_canceller is not None:
+        for agent in (cfg.get("agents") or {}).values():
+            agent.setdefault("barge_in", {})["echo_canceller"] = echo_canceller
     return str(yaml.safe_dump(cfg, sort_keys=False))
 
 
@@ -238,7 +243,7 @@ class System:
             os.sched_setaffinity(self.redis.pid, {self.load_cpu})
         config = self.workdir / "agents.yaml"
         stt_port = _free_port() if self.args.stt == "remote" else None
-        config.write_text(bench_config(stt_port, self.args.chunk_ms))
+        config.write_text(bench_config(stt_port, self.args.chunk_ms, self.args.echo_canceller))
         self.port = self.args.port or _free_port()
         env = {**os.environ, "CALLGATE_VALIDATE_SIGNATURES": "false", "PYTHONUNBUFFERED": "1",
                STT_KEY_VAR: "bench"}
@@ -635,6 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-ms", type=int, default=None,
                    help="bot audio per outbound media message (barge_in.playback_chunk_ms; "
                         "default: the shipped config's, 40)")
+    p.add_argument("--echo-canceller", choices=("aec3", "off"), default=None,
+                   help="every agent's barge_in.echo_canceller (default: the shipped config's)")
     p.add_argument("--vad-max-wait-ms", type=float, default=5.0,
                    help="the gateway's VAD batching wait (callgate serve --vad-max-wait-ms)")
     p.add_argument("--bot", choices=("always", "once", "never"), default="always",

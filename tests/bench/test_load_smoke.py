@@ -111,6 +111,11 @@ def test_bench_config_is_valid(tmp_path: Path) -> None:
         assert cfg.server.max_calls >= 10_000
         for agent in cfg.agents.values():
             assert agent.stt.provider == ("pocketsphinx" if port is None else "openai")
+    for mode in ("off", "aec3"):  # bench.load --echo-canceller
+        path = tmp_path / f"agents-{mode}.yaml"
+        path.write_text(bench_config(None, echo_canceller=mode))
+        cfg = load_config(path)
+        assert {a.barge_in.echo_canceller for a in cfg.agents.values()} == {mode}
 
 
 @pytest.mark.parametrize("silent", [False, True])
