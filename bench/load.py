@@ -149,6 +149,21 @@ def cpu_times(pid: int | None) -> tuple[float, float] | None:
     return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
+def run_queue_seconds(pid: int | None) -> float | None:
+    """How long the main thread of a process (the gateway's event loop) has been runnable but not
+    running, from /proc/PID/schedstat: waiting for its core while another process (or another of
+    its own threads) had it. On this shared 2-core machine that wait, a scheduler tick or two (4 or
+    8 ms at HZ 250) at a time, was most of the p99 frame lag at 1-3 calls (session 10, h16b: the
+    slowest 1% of frames at 1 call spent 5.3 ms on the CPU, 9.1 ms in this wait and 0.3 ms idle);
+    None where the kernel does not keep it."""
+    if pid is None:
+        return None
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """utime + stime of a process (all its threads)."""
     times = cpu_times(pid)
@@ -178,10 +193,12 @@ STT_KEY_VAR = "CALLGATE_BENCH_STT_KEY"
 _BOT = {"always": "bot always talking", "once": "bot speaks once per call", "never": "bot silent"}
 
 
-def bench_config(stt_port: int | None, chunk_ms: int | None = None) -> str:
+def bench_config(stt_port: int | None, chunk_ms: int | None = None,
+                 echo_canceller: str | None = None) -> str:
     """The shipped config, with room for every call (``server.max_calls``) and, given
     ``stt_port``, every agent's speech to text on the bench worker's stub OpenAI endpoint;
-    ``chunk_ms`` sets every agent's ``barge_in.playback_chunk_ms``."""
+    ``chunk_ms`` sets every agent's ``barge_in.playback_chunk_ms`` and ``echo_canceller``
+    its ``barge_in.echo_canceller``."""
     import yaml
 
     from config import DEFAULT_CONFIG
@@ -196,6 +213,9 @@ def bench_config(stt_port: int | None, chunk_ms: int | None = None) -> str:
     if chunk_ms is not None:
         for agent in (cfg.get("agents") or {}).values():
             agent.setdefault("barge_in", {})["playback_chunk_ms"] = chunk_ms
+    if echo_canceller is not None:
+        for agent in (cfg.get("agents") or {}).values():
+            agent.setdefault("barge_in", {})["echo_canceller"] = echo_canceller
     return str(yaml.safe_dump(cfg, sort_keys=False))
 
 
@@ -238,7 +258,7 @@ class System:
             os.sched_setaffinity(self.redis.pid, {self.load_cpu})
         config = self.workdir / "agents.yaml"
         stt_port = _free_port() if self.args.stt == "remote" else None
-        config.write_text(bench_config(stt_port, self.args.chunk_ms))
+        config.write_text(bench_config(stt_port, self.args.chunk_ms, self.args.echo_canceller))
         self.port = self.args.port or _free_port()
         env = {**os.environ, "CALLGATE_VALIDATE_SIGNATURES": "false", "PYTHONUNBUFFERED": "1",
                STT_KEY_VAR: "bench"}
@@ -293,6 +313,7 @@ class System:
             "gateway": cpu_seconds(self.gateway.pid if self.gateway else None),
             "worker": cpu_seconds(self.worker.pid if self.worker else None),
             "redis": cpu_seconds(self.redis.pid if self.redis else None),
+            "gateway_loop_waited": run_queue_seconds(self.gateway.pid if self.gateway else None),
         }
         gens = [cpu_seconds(g.pid) for g in generators]
         cpu["generator"] = sum(x for x in gens if x is not None) if gens else None
@@ -468,6 +489,7 @@ def _row(n: int, args: argparse.Namespace, before: Scrape, w0: Scrape, w1: Scrap
         "proc_p50_ms": q("callgate_frame_processing_seconds", 0.50),
         "proc_p99_ms": q("callgate_frame_processing_seconds", 0.99),
         "gateway_cpu_util": None if gw_cpu is None else gw_cpu / dt,
+        "gateway_loop_waited": None if (w := cpu("gateway_loop_waited")) is None else w / dt,
         "cpu_s_per_call_min": None if gw_cpu is None else gw_cpu / (n * dt / 60),
         "generator_cpu_util": None if load_parts[0] is None else load_parts[0] / dt,
         "load_cpu_util": sum(x for x in load_parts if x is not None) / dt,
@@ -548,7 +570,7 @@ def baseline(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, out: Any = sys.stdout) -> None:
     base = baseline(rows, args)
     head = ("calls", "ok", "frames/s", "lag p50", "lag p99", "proc p50", "proc p99", "VAD batch", "gw CPU",
-            "CPU s/call-min", "x base", "load CPU", "gen late p99", "barge-in client p50/max (n)",
+            "gw waited", "CPU s/call-min", "x base", "load CPU", "gen late p99", "barge-in client p50/max (n)",
             "gw onset->clear p50", "goal")
     lines = [head]
     for r in rows:
@@ -569,6 +591,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, out: Any =
             _f(r["proc_p50_ms"], "{:.2f} ms"), _f(r["proc_p99_ms"], "{:.1f} ms"),
             _f(r["vad_mean_batch"], "{:.1f}"),
             _f(None if r["gateway_cpu_util"] is None else 100 * r["gateway_cpu_util"], "{:.0f}%"),
+            _f(None if r.get("gateway_loop_waited") is None else 100 * r["gateway_loop_waited"],
+               "{:.1f}%"),
             _f(r["cpu_s_per_call_min"], "{:.3f}"), _f(ratio, "{:.2f}x"),
             f"{100 * r['load_cpu_util']:.0f}% (gen {_f(None if r['generator_cpu_util'] is None else 100 * r['generator_cpu_util'], '{:.0f}%')})",
             _f(r["gen_late_p99_ms"], "{:.1f} ms"), barge,
@@ -635,6 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-ms", type=int, default=None,
                    help="bot audio per outbound media message (barge_in.playback_chunk_ms; "
                         "default: the shipped config's, 40)")
+    p.add_argument("--echo-canceller", choices=("aec3", "off"), default=None,
+                   help="every agent's barge_in.echo_canceller (default: the shipped config's)")
     p.add_argument("--vad-max-wait-ms", type=float, default=5.0,
                    help="the gateway's VAD batching wait (callgate serve --vad-max-wait-ms)")
     p.add_argument("--bot", choices=("always", "once", "never"), default="always",
@@ -805,7 +831,9 @@ def main(argv: list[str] | None = None) -> int:
     base = baseline(rows, args)
     print()
     print("lag: callgate_frame_lag_seconds (behind the media clock); proc: receive-to-done; "
-          "gw CPU: the gateway process, % of its core; x base: CPU per call-minute against "
+          "gw CPU: the gateway process, % of its core; gw waited: % of the steady window its event "
+          "loop was runnable but waiting for its core (other processes on it: lag no code of ours "
+          "causes); x base: CPU per call-minute against "
           f"{base['calls'] if base else '-'} calls (same run); load CPU: generator + worker + "
           "redis, % of the load core; gen late: how late the generator sent frames; barge-in "
           "client: media time clear reached the caller minus the labelled onset (first pass), "

@@ -42,7 +42,7 @@ def test_quick_run_reports_frame_lag_and_barge_in(tmp_path: Path) -> None:
     assert row["calls"] == 5 and row["calls_ok"] == 5, row["failures"]
     assert row["frames_per_s"] > 0
     for key in ("lag_p50_ms", "lag_p99_ms", "proc_p50_ms", "proc_p99_ms", "cpu_s_per_call_min",
-                "gateway_cpu_util", "generator_cpu_util"):
+                "gateway_cpu_util", "generator_cpu_util", "gateway_loop_waited"):
         assert row[key] is not None and row[key] >= 0, key
     assert row["lag_p50_ms"] <= row["lag_p99_ms"]
     assert row["barge_in_measured"] >= 1
@@ -111,6 +111,11 @@ def test_bench_config_is_valid(tmp_path: Path) -> None:
         assert cfg.server.max_calls >= 10_000
         for agent in cfg.agents.values():
             assert agent.stt.provider == ("pocketsphinx" if port is None else "openai")
+    for mode in ("off", "aec3"):  # bench.load --echo-canceller
+        path = tmp_path / f"agents-{mode}.yaml"
+        path.write_text(bench_config(None, echo_canceller=mode))
+        cfg = load_config(path)
+        assert {a.barge_in.echo_canceller for a in cfg.agents.values()} == {mode}
 
 
 @pytest.mark.parametrize("silent", [False, True])
