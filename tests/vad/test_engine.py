@@ -263,6 +263,32 @@ async def test_closing_the_last_idle_stream_releases_the_batch(onnx: SileroRunti
         a.close()
 
 
+async def test_few_open_streams_wait_less_for_a_batch(onnx: SileroRuntime) -> None:
+    # 2 of full_wait_streams=64 open: a ready window waits 64 s * 2/64 = 2 s for the idle
+    # stream, not the whole 64 s (the timer's deadline, on the loop's clock: no sleep).
+    async with VadEngine(runtime=onnx, max_wait_ms=64_000, full_wait_streams=64) as engine:
+        loop = asyncio.get_running_loop()
+        a, idle = engine.open_stream(), engine.open_stream()
+        before = loop.time()
+        a.push(recording("barge_in_timit")[:WINDOW_SAMPLES])
+        after = loop.time()
+        assert engine.stats.windows == 0 and engine._timer is not None
+        assert before + 2.0 <= engine._timer_at <= after + 2.0
+        # A third stream opening does not move the armed deadline later (no later than due);
+        # the next window waits 3/64 of the whole.
+        b = engine.open_stream()
+        b.push(recording("barge_in_timit")[:WINDOW_SAMPLES])
+        assert engine._timer_at <= after + 2.0
+        idle.close()  # every open stream is ready now: the batch runs at once
+        assert engine.stats.windows == 2
+        (result,) = await a.process(np.empty(0, dtype=np.float32))
+        assert result.index == 0
+        a.close()
+        b.close()
+    with pytest.raises(ValueError, match="full_wait_streams"):
+        VadEngine(full_wait_streams=0)
+
+
 async def _close_after_park(
     process: Coroutine[Any, Any, list[WindowResult]], close: Callable[[], object]
 ) -> BaseException | list[WindowResult]:
