@@ -214,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vad-max-wait-ms", type=float, default=5.0,
                    help="longest a VAD window waits for other calls' windows to batch with "
                         "(5 ms: bigger batches, -8%% CPU per call against 2 ms and a lower p99 "
-                        "frame lag at 75 calls per core, bench/load.py); scaled down below 32 "
-                        "calls, where a wait gathers few rows (vad/_engine.py)")
+                        "frame lag at 75 calls per core, bench/load.py); scaled down below 64 VAD "
+                        "streams (32 calls with the echo canceller, 64 without), where a wait "
+                        "gathers few rows (vad/_engine.py)")
     s.add_argument("--no-worker", action="store_true",
                    help="gateway only (workers run as `callgate worker`)")
     s.set_defaults(fn=_serve)

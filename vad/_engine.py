@@ -186,7 +186,8 @@ class VadEngine:
                 (< ~32 rows) and does not import torch (1.2 s, ~220 MB RSS).
             max_batch: Most rows (streams) per inference.
             max_wait_ms: Longest a ready window waits for a batch to fill, from its push.
-            full_wait_streams: Open streams from which a window waits all of ``max_wait_ms``;
+            full_wait_streams: Open streams (a gateway call opens two with the echo canceller
+                on, one with it off) from which a window waits all of ``max_wait_ms``;
                 with fewer, it waits ``max_wait_ms * streams / full_wait_streams``. A wait
                 gathers about ``streams * wait / 32 ms`` rows, and a row batched saves ~60 us
                 of Silero (92 -> 31 us, ONNX): at 64 streams (32 calls, two streams each) 5 ms
@@ -365,6 +366,11 @@ class VadEngine:
                 del self._banks[bank.settings]  # settings no call uses any more (a reload)
         if self._lifecycle is _EngineState.RUNNING and self._ready:
             self._flush()
+        elif not self._ready:
+            # Nothing waits: a timer left armed was due for more open streams, and the fast
+            # path of _on_windows would trust it for the next window (a longer wait than the
+            # fewer streams now call for).
+            self._cancel_timer()
 
     # -- scheduling -----------------------------------------------------------------------------
     def _on_windows(self, stream: VadStream) -> None:
@@ -618,6 +624,8 @@ class VadStream:
         self._append(samples)
         engine = self._engine
         engine._ready.pop(self, None)
+        if not engine._ready:
+            engine._cancel_timer()  # nothing waits (see _release)
         while self._has_window():
             engine._run_batch([self])
             self._check_open()  # a failed inference closes the stream

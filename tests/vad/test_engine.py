@@ -274,17 +274,27 @@ async def test_few_open_streams_wait_less_for_a_batch(onnx: SileroRuntime) -> No
         after = loop.time()
         assert engine.stats.windows == 0 and engine._timer is not None
         assert before + 2.0 <= engine._timer_at <= after + 2.0
-        # A third stream opening does not move the armed deadline later (no later than due);
-        # the next window waits 3/64 of the whole.
+        # A third stream opening does not move the armed deadline later (no later than due).
         b = engine.open_stream()
         b.push(recording("barge_in_timit")[:WINDOW_SAMPLES])
         assert engine._timer_at <= after + 2.0
         idle.close()  # every open stream is ready now: the batch runs at once
-        assert engine.stats.windows == 2
+        assert engine.stats.windows == 2 and engine._timer is None
         (result,) = await a.process(np.empty(0, dtype=np.float32))
         assert result.index == 0
+        # 4 open, one ready: 4/64 of the wait. The ready one closing leaves nothing waiting and
+        # no timer armed for 4 streams; the next window waits for the 3 left (3/64).
+        c, d = engine.open_stream(), engine.open_stream()
+        before = loop.time()
+        a.push(recording("barge_in_timit")[WINDOW_SAMPLES:2 * WINDOW_SAMPLES])
+        assert before + 4.0 <= engine._timer_at <= loop.time() + 4.0
         a.close()
-        b.close()
+        assert engine._timer is None
+        before = loop.time()
+        b.push(recording("barge_in_timit")[WINDOW_SAMPLES:2 * WINDOW_SAMPLES])
+        assert before + 3.0 <= engine._timer_at <= loop.time() + 3.0
+        for s in (b, c, d):
+            s.close()
     with pytest.raises(ValueError, match="full_wait_streams"):
         VadEngine(full_wait_streams=0)
 
