@@ -387,12 +387,25 @@ class CallSession:
         audible = (BotState.SILENT if u is None else
                    BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE)
         head = self.playback.current
+        unheard = self._unanswered is not None and not self._over_other(u)
         if head is None:
-            return BotView(audible, reply_unheard=self._unanswered is not None)
+            return BotView(audible, reply_unheard=unheard)
         return BotView(audible, utterance_id=head.id, interruptible=head.interruptible,
                        playing=head.state is UtteranceState.PLAYING,
-                       paused=head.state is UtteranceState.PAUSED,
-                       reply_unheard=self._unanswered is not None)
+                       paused=head.state is UtteranceState.PAUSED, reply_unheard=unheard)
+
+    def _over_other(self, audible: Utterance | None) -> bool:
+        """The caller hears an utterance that answers another eid than the turn owed a reply (a
+        greeting, a key press's answer): words now are a barge-in on it (pause, then resume or
+        interrupt), not the turn resumed. Reported as resumed, the policy's ``drop_reply`` cut
+        it as the reply (``interrupt {reason: resumed}`` with heard_ms > 0, no pause to
+        resume). The turn stays owed (``_carry_out``): a backchannel resumes that utterance and
+        the turn's reply plays after it (heard, it closes the turn); an interrupt cuts it and
+        the interruptible utterances queued behind it, the reply among them, and the worker
+        cancels its generations, so the caller's words are a turn of their own and the agent
+        answers it with the unanswered turn before it in the context; a non-interruptible
+        reply queued there plays and closes the turn."""
+        return audible is not None and not self._answers_turn(audible)
 
     async def _carry_out(self, effect: Effect) -> None:
         """Do what the policy decided (vad/_policy.py); every check is the policy's."""
@@ -406,7 +419,8 @@ class CallSession:
                 self._turn_tentative = False
                 if self._unanswered is None:
                     self._carry_text = True  # its transcript is still on its way
-            if self._unanswered is not None and not effect.over_uninterruptible:
+            if (self._unanswered is not None and not effect.over_uninterruptible
+                    and not self._over_other(self.playback.audible(now))):
                 text, self._unanswered = self._unanswered, None  # the caller went on
                 if effect.drop_reply:
                     await self._hold_reply(text)
@@ -530,16 +544,20 @@ class CallSession:
             self.emit("transcript", text=whole, final=True, dropped="confirmed")
             return
         u = self.playback.current
+        reply = u if u is not None and self._answers_turn(u) else None  # else another eid's
         if (self._unanswered is None or self._reply_eid != eid
-                or (u is not None and not u.interruptible)):
-            # The reply is heard already (or must be), or a later turn is out: too late to
-            # make it again.
+                or (reply is not None and not reply.interruptible)):
+            # The reply is heard already, or queued and must be heard in full (a
+            # non-interruptible one), or a later turn is out: too late to make it again.
             self.emit("transcript", text=whole, final=True, dropped="late")
             return
         self._cancel_reply("revised")
-        if u is not None:
+        if reply is not None:
             await self._interrupt(reason="revised")
-        else:  # still being made: the worker cancels it (unknown utterance)
+        else:
+            # Still being made (the head, if any, answers another eid: a key press's answer the
+            # caller is hearing plays on): the worker cancels it (unknown utterance); any of it
+            # that comes answers a cancelled turn and is dropped (_stale_reply).
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="revised", t_ms=self.now_ms))
         self.emit("transcript", text=whole, final=True, replaces_previous=True, revises=True)
