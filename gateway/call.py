@@ -402,9 +402,10 @@ class CallSession:
         resume). The turn stays owed (``_carry_out``): a backchannel resumes that utterance and
         the turn's reply plays after it (heard, it closes the turn); an interrupt cuts it and
         the interruptible utterances queued behind it, the reply among them, and the worker
-        cancels its generations, so the caller's words are a turn of their own and the agent
-        answers it with the unanswered turn before it in the context; a non-interruptible
-        reply queued there plays and closes the turn."""
+        cancels every interruptible generation (the reply's too: the turn is cancelled, and
+        any of the reply still in flight is dropped), so the caller's words are a turn of
+        their own and the agent answers it with the unanswered turn before it in the context;
+        a non-interruptible reply queued there, or arriving, plays and closes the turn."""
         return audible is not None and not self._answers_turn(audible)
 
     async def _carry_out(self, effect: Effect) -> None:
@@ -454,6 +455,11 @@ class CallSession:
                       text=u.text, heard_text=u.heard_text())
             await self._apply(out)
         elif isinstance(effect, Interrupt):
+            if self._unanswered is not None:
+                # Cut over another eid's utterance with the turn still owed (_over_other): the
+                # worker cancels every interruptible generation, the turn's reply among them,
+                # so what of it was made before it read the interrupt is stale (_stale_reply).
+                self._cancel_reply(effect.reason.value)
             await self._interrupt(reason=effect.reason.value)
         elif isinstance(effect, Resume):
             await self._apply(self.playback.resume(now))

@@ -401,3 +401,28 @@ async def test_a_backchannel_over_another_eids_utterance_leaves_the_turn_owed() 
         await line.play("utt-reply", reply_to=eid)
         assert not session._bot_view().reply_unheard
         await session.end("stop")
+
+
+async def test_a_barge_in_on_another_eids_utterance_cancels_the_owed_reply() -> None:
+    """Through the policy: the caller talks over a key press's answer long enough to take the
+    turn; the answer is interrupted (``reason: speech``) and the worker cancels every
+    generation, the turn's reply among them. That reply, made before the worker read the
+    interrupt, comes after it: it is dropped before any of it plays."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await session._transcribed(_Said("what is my"), False, None)
+        eid = session._reply_eid
+        assert eid is not None
+        await line.send("utt-key", reply_to="7-0", ms=3000)
+        for _ in range(10):
+            await line.frame()
+        await line.speak("long_turn_librivox", 2900, 4400)
+        cut = [e for e in session.timeline.events if e["type"] == "barge_in"]
+        assert [(e["utterance_id"], e["reason"]) for e in cut] == [("utt-key", "speech")]
+        assert session._cancelled_turns == {eid: "speech"}
+        await line.send("utt-reply", reply_to=eid)
+        dropped = session.timeline.events[-1]
+        assert dropped["type"] == "bot_utterance_interrupted"
+        assert dropped["utterance_id"] == "utt-reply" and dropped["dropped"] == "cancelled_turn"
+        await session.end("stop")
