@@ -561,9 +561,10 @@ class CallSession:
         if reply is not None:
             await self._interrupt(reason="revised")
         else:
-            # Still being made (the head, if any, answers another eid: a key press's answer the
-            # caller is hearing plays on): the worker cancels it (unknown utterance); any of it
-            # that comes answers a cancelled turn and is dropped (_stale_reply).
+            # Not queued yet (a head answering another eid, a key press's answer the caller is
+            # hearing, plays on): the worker cancels it (unknown utterance), and any of it
+            # that comes answers a cancelled turn and is dropped (_stale_reply). Left: a reply
+            # queued behind such a head is not looked for, and plays (docs/turns.md).
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="revised", t_ms=self.now_ms))
         self.emit("transcript", text=whole, final=True, replaces_previous=True, revises=True)
