@@ -224,7 +224,11 @@ class CallSession:
         self._resumed: tuple[str | None, str, str] | None = None
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
-        self._carry_text = False  # the caller went on before the early transcript came back
+        # The stream of the early transcript (TURN_LIKELY) the caller went on before it came
+        # back: its final is the start of a longer turn. The stream, not a flag: a flag was
+        # cleared only by a final that was no speculation's, so after a speculated turn it
+        # stayed set and the next turn's final was held back as those words.
+        self._carry_stream: Any = None
         # turn.speculate: per stream whose partial was sent, (the stream, text sent, merged
         # prefix, its bus eid) while its final is on its way; the eid, not the text, is the turn
         # (a caller may say "yes" twice). Several at once: the caller may resume a turn and end
@@ -412,6 +416,7 @@ class CallSession:
         """Do what the policy decided (vad/_policy.py); every check is the policy's."""
         now = self.now_ms
         if isinstance(effect, SpeechStarted):
+            tentative = self._turn_text_stream  # before a new stream takes its place
             self._start_transcription()
             self.emit("speech_started")
             await self.publish(bp.SpeechStarted(
@@ -419,7 +424,7 @@ class CallSession:
             if self._turn_tentative:
                 self._turn_tentative = False
                 if self._unanswered is None:
-                    self._carry_text = True  # its transcript is still on its way
+                    self._carry_stream = tentative  # its transcript is still on its way
             if (self._unanswered is not None and not effect.over_uninterruptible
                     and not self._over_other(self.playback.audible(now))):
                 text, self._unanswered = self._unanswered, None  # the caller went on
@@ -693,6 +698,9 @@ class CallSession:
         finally:
             stream.close()
             speculated = self._speculated.pop(id(stream), None)  # settled now, or never
+            carry = stream is self._carry_stream
+            if carry:
+                self._carry_stream = None
         degraded = getattr(stream, "degraded", None)
         if degraded is not None:  # the streaming session failed; the upload answered
             self._stt_error(degraded, during="final", fallback="upload")
@@ -701,14 +709,13 @@ class CallSession:
             return
         if stream is self._turn_text_stream and text:
             self.turn.set_transcript(text)  # the turn end is still to come: its words, whole
-        if speculated is not None and not dropped:
+        if speculated is not None and not dropped:  # its words went out: nothing to carry
             _, said, prefix, eid = speculated
             await self._settle_speculation(said, prefix, eid, text)
             return
         extra: dict[str, Any] = {"dropped": reason} if dropped else {}
-        if self._carry_text and not dropped:
+        if carry:
             # The caller went on before this came back: it is the start of a longer turn.
-            self._carry_text = False
             self._merge_text = f"{self._merge_text or ''} {text}".strip()
             self.emit("transcript", text=text, final=True, dropped="resumed")
             return

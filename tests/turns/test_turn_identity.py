@@ -426,3 +426,29 @@ async def test_a_barge_in_on_another_eids_utterance_cancels_the_owed_reply() -> 
         assert dropped["type"] == "bot_utterance_interrupted"
         assert dropped["utterance_id"] == "utt-reply" and dropped["dropped"] == "cancelled_turn"
         await session.end("stop")
+
+
+async def test_a_settled_speculation_leaves_no_carry_for_the_next_turn() -> None:
+    """The caller goes on after a speculated turn likely over, once a worker prompt (it names
+    no eid) they hear has closed that turn: the speculation's final settles it; the caller's
+    next turn is published, not held back as words "still on their way". Before, the flag
+    set for the early transcript was cleared only by a final that was not a speculation's, so
+    that next final was carried into the turn after it (``dropped: resumed``)."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await line.send("utt-prompt", reply_to=None, ms=3000)
+        await line.frame()
+        first, _ = await _speculated(line, "what is my", "what is my")
+        session._turn_tentative = True  # as at turn_likely: the turn's end is still awaited
+        session._turn_text_stream = first
+        for _ in range(6):
+            await line.frame()
+        assert not session._bot_view().reply_unheard  # the prompt heard closed the turn
+        await line.speak("long_turn_librivox", 2900, 4400)
+        assert any(e["type"] == "speech_started" for e in session.timeline.events)
+        await session._transcribed(first, False, None)
+        assert session.timeline.events[-1]["dropped"] == "confirmed"
+        await session._transcribed(_Said("and my card"), False, None)
+        assert _finals(session)[-1]["text"] == "and my card"
+        await session.end("stop")
