@@ -11,6 +11,11 @@ Two places took a turn for another:
 * a speculation's final found "its" turn by the partial's words, so a later turn with the same
   words ("yes", then "yes") was resumed or revised in its place.
 
+And from the review of that fix: words over an audible utterance answering another eid are a
+barge-in on it (through the policy: paused, resumed after a "yes", interrupted by a long turn,
+which cancels the owed reply), not the turn resumed; a speculation's revision cuts only the
+turn's own reply; and a settled speculation leaves no words "to carry" for the next turn.
+
 The session is a real ``CallSession`` on the embedded bus and the Silero engine; the bot's audio
 goes to a Twilio stand-in (``TwilioPlayout``) whose mark echoes come back as Twilio frames. The
 end-to-end case replays long_turn_librivox through the gateway with an agent on the bus.
