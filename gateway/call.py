@@ -224,7 +224,11 @@ class CallSession:
         self._resumed: tuple[str | None, str, str] | None = None
         self._merge_text: str | None = None
         self._turn_tentative = False  # transcript sent early (TURN_LIKELY); reply held
-        self._carry_text = False  # the caller went on before the early transcript came back
+        # The stream of the early transcript (TURN_LIKELY) the caller went on before it came
+        # back: its final is the start of a longer turn. The stream, not a flag: a flag was
+        # cleared only by a final that was no speculation's, so after a speculated turn it
+        # stayed set and the next turn's final was held back as those words.
+        self._carry_stream: Any = None
         # turn.speculate: per stream whose partial was sent, (the stream, text sent, merged
         # prefix, its bus eid) while its final is on its way; the eid, not the text, is the turn
         # (a caller may say "yes" twice). Several at once: the caller may resume a turn and end
@@ -387,17 +391,32 @@ class CallSession:
         audible = (BotState.SILENT if u is None else
                    BotState.INTERRUPTIBLE if u.interruptible else BotState.NON_INTERRUPTIBLE)
         head = self.playback.current
+        unheard = self._unanswered is not None and not self._over_other(u)
         if head is None:
-            return BotView(audible, reply_unheard=self._unanswered is not None)
+            return BotView(audible, reply_unheard=unheard)
         return BotView(audible, utterance_id=head.id, interruptible=head.interruptible,
                        playing=head.state is UtteranceState.PLAYING,
-                       paused=head.state is UtteranceState.PAUSED,
-                       reply_unheard=self._unanswered is not None)
+                       paused=head.state is UtteranceState.PAUSED, reply_unheard=unheard)
+
+    def _over_other(self, audible: Utterance | None) -> bool:
+        """The caller hears an utterance that answers another eid than the turn owed a reply (a
+        greeting, a key press's answer): words now are a barge-in on it (pause, then resume or
+        interrupt), not the turn resumed. Reported as resumed, the policy's ``drop_reply`` cut
+        it as the reply (``interrupt {reason: resumed}`` with heard_ms > 0, no pause to
+        resume). The turn stays owed (``_carry_out``): a backchannel resumes that utterance and
+        the turn's reply plays after it (heard, it closes the turn); an interrupt cuts it and
+        the interruptible utterances queued behind it, the reply among them, and the worker
+        cancels every interruptible generation (the reply's too: the turn is cancelled, and
+        any of the reply still in flight is dropped), so the caller's words are a turn of
+        their own and the agent answers it with the unanswered turn before it in the context;
+        a non-interruptible reply queued there, or arriving, plays and closes the turn."""
+        return audible is not None and not self._answers_turn(audible)
 
     async def _carry_out(self, effect: Effect) -> None:
         """Do what the policy decided (vad/_policy.py); every check is the policy's."""
         now = self.now_ms
         if isinstance(effect, SpeechStarted):
+            tentative = self._turn_text_stream  # before a new stream takes its place
             self._start_transcription()
             self.emit("speech_started")
             await self.publish(bp.SpeechStarted(
@@ -405,8 +424,9 @@ class CallSession:
             if self._turn_tentative:
                 self._turn_tentative = False
                 if self._unanswered is None:
-                    self._carry_text = True  # its transcript is still on its way
-            if self._unanswered is not None and not effect.over_uninterruptible:
+                    self._carry_stream = tentative  # its transcript is still on its way
+            if (self._unanswered is not None and not effect.over_uninterruptible
+                    and not self._over_other(self.playback.audible(now))):
                 text, self._unanswered = self._unanswered, None  # the caller went on
                 if effect.drop_reply:
                     await self._hold_reply(text)
@@ -440,6 +460,11 @@ class CallSession:
                       text=u.text, heard_text=u.heard_text())
             await self._apply(out)
         elif isinstance(effect, Interrupt):
+            if self._unanswered is not None:
+                # Cut over another eid's utterance with the turn still owed (_over_other): the
+                # worker cancels every interruptible generation, the turn's reply among them,
+                # so what of it was made before it read the interrupt is stale (_stale_reply).
+                self._cancel_reply(effect.reason.value)
             await self._interrupt(reason=effect.reason.value)
         elif isinstance(effect, Resume):
             await self._apply(self.playback.resume(now))
@@ -530,16 +555,21 @@ class CallSession:
             self.emit("transcript", text=whole, final=True, dropped="confirmed")
             return
         u = self.playback.current
+        reply = u if u is not None and self._answers_turn(u) else None  # else another eid's
         if (self._unanswered is None or self._reply_eid != eid
-                or (u is not None and not u.interruptible)):
-            # The reply is heard already (or must be), or a later turn is out: too late to
-            # make it again.
+                or (reply is not None and not reply.interruptible)):
+            # The reply is heard already, or queued and must be heard in full (a
+            # non-interruptible one), or a later turn is out: too late to make it again.
             self.emit("transcript", text=whole, final=True, dropped="late")
             return
         self._cancel_reply("revised")
-        if u is not None:
+        if reply is not None:
             await self._interrupt(reason="revised")
-        else:  # still being made: the worker cancels it (unknown utterance)
+        else:
+            # Not queued yet (a head answering another eid, a key press's answer the caller is
+            # hearing, plays on): the worker cancels it (unknown utterance), and any of it
+            # that comes answers a cancelled turn and is dropped (_stale_reply). Left: a reply
+            # queued behind such a head is not looked for, and plays (docs/turns.md).
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="revised", t_ms=self.now_ms))
         self.emit("transcript", text=whole, final=True, replaces_previous=True, revises=True)
@@ -668,6 +698,9 @@ class CallSession:
         finally:
             stream.close()
             speculated = self._speculated.pop(id(stream), None)  # settled now, or never
+            carry = stream is self._carry_stream
+            if carry:
+                self._carry_stream = None
         degraded = getattr(stream, "degraded", None)
         if degraded is not None:  # the streaming session failed; the upload answered
             self._stt_error(degraded, during="final", fallback="upload")
@@ -676,14 +709,13 @@ class CallSession:
             return
         if stream is self._turn_text_stream and text:
             self.turn.set_transcript(text)  # the turn end is still to come: its words, whole
-        if speculated is not None and not dropped:
+        if speculated is not None and not dropped:  # its words went out: nothing to carry
             _, said, prefix, eid = speculated
             await self._settle_speculation(said, prefix, eid, text)
             return
         extra: dict[str, Any] = {"dropped": reason} if dropped else {}
-        if self._carry_text and not dropped:
+        if carry:
             # The caller went on before this came back: it is the start of a longer turn.
-            self._carry_text = False
             self._merge_text = f"{self._merge_text or ''} {text}".strip()
             self.emit("transcript", text=text, final=True, dropped="resumed")
             return

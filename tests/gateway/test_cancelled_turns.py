@@ -85,8 +85,9 @@ async def test_undo_keeps_words_carried_since_and_the_next_turn_replaces_nothing
         eid = session._reply_eid
         assert eid is not None
         await session._hold_reply("what is my")  # the caller went on before hearing a word
-        session._carry_text = True  # ... and again before this early transcript came back
-        await session._transcribed(_Said("account"), False, None)
+        account = _Said("account")
+        session._carry_stream = account  # ... and again before this early transcript came back
+        await session._transcribed(account, False, None)
         await _non_interruptible_reply(session, eid)
         await session._transcribed(_Said("number"), False, None)
         last = _finals(session)[-1]
@@ -126,8 +127,9 @@ async def test_without_a_reply_the_resumed_turn_is_replaced() -> None:
         session = await _started(bus, engine)
         await session._transcribed(_Said("what is my"), False, None)
         await session._hold_reply("what is my")
-        session._carry_text = True
-        await session._transcribed(_Said("account"), False, None)
+        account = _Said("account")
+        session._carry_stream = account
+        await session._transcribed(account, False, None)
         await session._transcribed(_Said("number"), False, None)
         last = _finals(session)[-1]
         assert last["text"] == "what is my account number" and last["replaces_previous"] is True

@@ -11,6 +11,11 @@ Two places took a turn for another:
 * a speculation's final found "its" turn by the partial's words, so a later turn with the same
   words ("yes", then "yes") was resumed or revised in its place.
 
+And from the review of that fix: words over an audible utterance answering another eid are a
+barge-in on it (through the policy: paused, resumed after a "yes", interrupted by a long turn,
+which cancels the owed reply), not the turn resumed; a speculation's revision cuts only the
+turn's own reply; and a settled speculation leaves no words "to carry" for the next turn.
+
 The session is a real ``CallSession`` on the embedded bus and the Silero engine; the bot's audio
 goes to a Twilio stand-in (``TwilioPlayout``) whose mark echoes come back as Twilio frames. The
 end-to-end case replays long_turn_librivox through the gateway with an agent on the bus.
@@ -60,26 +65,47 @@ class _Line:
         self.playout = TwilioPlayout(stream_sid=self.session.stream_sid)
         return self.session
 
-    async def play(self, utterance_id: str, reply_to: str | None, ms: int = _REPLY_MS) -> None:
-        """The worker sends a whole utterance of ``ms``; Twilio plays it and echoes its marks."""
+    async def send(self, utterance_id: str, reply_to: str | None, ms: int = _REPLY_MS) -> None:
+        """The worker sends a whole utterance of ``ms``."""
         session = self.session
         await session.handle_downlink(bp.UtteranceStart(utterance_id=utterance_id, node="n",
                                                         reply_to=reply_to))
         await session.handle_downlink(bp.Audio(utterance_id=utterance_id,
                                                payload=b"\xff" * (8 * ms)))
         await session.handle_downlink(bp.UtteranceEnd(utterance_id=utterance_id))
-        assert self.playout is not None
-        for _ in range(ms // 20 + 25):  # the caller's line is silent while it plays
+
+    async def play(self, utterance_id: str, reply_to: str | None, ms: int = _REPLY_MS) -> None:
+        """The worker sends a whole utterance of ``ms``; Twilio plays it and echoes its marks."""
+        await self.send(utterance_id, reply_to, ms)
+        await self.play_out(utterance_id, ms)
+
+    async def play_out(self, utterance_id: str, ms: int) -> None:
+        """The line runs until ``utterance_id`` (``ms`` long) has played to its end."""
+        for _ in range(ms // 20 + 25):
             if self._finished(utterance_id):
                 return
-            self._echoes.extend(self.playout.advance(session.now_ms))
-            while self._echoes:
-                await session.handle_text(self._echoes.pop(0))
-            self._seq += 1
-            await session.handle_text(tp.build_media(
-                sequence_number=self._seq, stream_sid=session.stream_sid, chunk=self._seq,
-                timestamp_ms=int(session.now_ms), payload=b"\xff" * 160))
+            await self.frame()
         raise AssertionError(f"{utterance_id} was not played to the end")
+
+    async def frame(self, payload: bytes = b"\xff" * 160) -> None:
+        """20 ms of the line: the marks Twilio echoes by now, then a caller frame (silent)."""
+        session = self.session
+        assert self.playout is not None
+        self._echoes.extend(self.playout.advance(session.now_ms))
+        while self._echoes:
+            await session.handle_text(self._echoes.pop(0))
+        self._seq += 1
+        await session.handle_text(tp.build_media(
+            sequence_number=self._seq, stream_sid=session.stream_sid, chunk=self._seq,
+            timestamp_ms=int(session.now_ms), payload=payload))
+
+    async def speak(self, name: str, from_ms: int, to_ms: int) -> None:
+        """The caller's audio of recording ``name`` from ``from_ms`` to ``to_ms`` goes on the
+        line (the policy hears it as it would any caller)."""
+        for text in recording_messages(rec.source(name)):
+            msg = tp.parse_message(text)
+            if isinstance(msg, tp.Media) and from_ms <= msg.timestamp_ms < to_ms:
+                await self.frame(msg.payload)
 
     def _finished(self, utterance_id: str) -> bool:
         return any(e["type"] == "bot_utterance_finished" and e["utterance_id"] == utterance_id
@@ -200,13 +226,54 @@ async def test_the_speculated_turn_resumed_takes_its_final_words() -> None:
         await session.end("stop")
 
 
+async def test_a_revision_leaves_an_utterance_answering_another_eid_playing() -> None:
+    """A speculation's final revises its turn while the caller hears a key press's answer (it
+    answers the ``dtmf`` event): that answer plays on to its end; only the turn's reply, not
+    come yet, is cancelled (``interrupt {utterance_id: null, reason: revised}``, its eid kept
+    as cancelled). Before, the revision interrupted whatever was playing."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, eid = await _speculated(line, "what is my", "what's my balance")
+        await line.send("utt-key", reply_to="7-0", ms=400)
+        for _ in range(6):
+            await line.frame()
+        assert [e["utterance_id"] for e in session.timeline.events
+                if e["type"] == "bot_utterance_heard"] == ["utt-key"]
+        await session._transcribed(first, False, None)
+        revised = _finals(session)[-1]
+        assert revised["text"] == "what's my balance" and revised["revises"] is True
+        assert session._cancelled_turns == {eid: "revised"}
+        await line.play_out("utt-key", 400)
+        assert not [e for e in session.timeline.events
+                    if e["type"] in ("barge_in", "bot_utterance_interrupted")]
+        await session.end("stop")
+
+
+async def test_a_non_interruptible_utterance_answering_another_eid_does_not_stop_a_revision(
+) -> None:
+    """A non-interruptible greeting playing is not the turn's reply: the final still revises
+    the turn (before, any non-interruptible head made the final ``dropped: late``)."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, eid = await _speculated(line, "what is my", "what's my balance")
+        await session.handle_downlink(bp.UtteranceStart(utterance_id="utt-hello", node="n",
+                                                        interruptible=False, reply_to="1-0"))
+        await session._transcribed(first, False, None)
+        assert _finals(session)[-1]["revises"] is True
+        assert session._cancelled_turns == {eid: "revised"}
+        await session.end("stop")
+
+
 class _Agent:
-    """A worker on the bus that answers the call's first turn with one short utterance: a reply
-    to that turn (``reply_to`` its transcript's eid) or, with ``other``, one answering
+    """A worker on the bus that answers the call's first turn with one utterance of ``ms``: a
+    reply to that turn (``reply_to`` its transcript's eid) or, with ``other``, one answering
     ``call_started`` (a late greeting); nothing else. Records the uplink."""
 
-    def __init__(self, *, other: bool) -> None:
+    def __init__(self, *, other: bool, ms: int = _REPLY_MS) -> None:
         self.other = other
+        self.ms = ms
         self.uplink: list[bp.UplinkEvent] = []
 
     async def __call__(self, bus: Bus, stop: asyncio.Event) -> None:
@@ -223,7 +290,7 @@ class _Agent:
                     uid = "utt-first"
                     reply_to = started if self.other else str(m.event["eid"])
                     for out in (bp.UtteranceStart(utterance_id=uid, node="n", reply_to=reply_to),
-                                bp.Audio(utterance_id=uid, payload=b"\xff" * (8 * _REPLY_MS)),
+                                bp.Audio(utterance_id=uid, payload=b"\xff" * (8 * self.ms)),
                                 bp.UtteranceEnd(utterance_id=uid)):
                         await bus.send(call.call_sid, bp.encode(out))
                 if isinstance(event, bp.CallEnded):
@@ -294,4 +361,99 @@ async def test_a_final_that_comes_after_the_next_speculation_is_no_turn_of_its_o
         await session._transcribed(second, False, None)  # the whole turn's own final revises it
         revised = _finals(session)[-1]
         assert revised["text"] == "what is my balance please" and revised["revises"] is True
+        await session.end("stop")
+
+
+async def test_words_over_another_eids_utterance_are_a_barge_in_on_it() -> None:
+    """End to end: a late greeting of 2 s begins in the first pause and is heard; the caller
+    goes on while it plays: that is a barge-in on the greeting (paused, then interrupted by
+    the caller's long turn with ``reason: speech``), not the turn resumed. Before, the turn
+    owed a reply made the policy drop the greeting as that reply (``interrupt {reason:
+    resumed}`` with heard_ms > 0, no pause)."""
+    agent = _Agent(other=True, ms=2000)
+    events = await _replayed(agent)
+    first = [(e["type"], e.get("reason")) for e in events
+             if e.get("utterance_id") == "utt-first" and e["type"] != "turn_latency"]
+    assert first == [("bot_utterance_started", None), ("bot_utterance_heard", None),
+                     ("clear_sent", "barge_in"), ("bot_utterance_paused", None),
+                     ("bot_utterance_interrupted", None), ("barge_in", "speech")]
+    went_on = next(e for e in events if e["type"] == "bot_utterance_paused")["t_ms"]
+    assert not [e for e in events if e["type"] == "turn_resumed" and e["t_ms"] <= went_on]
+    # The caller's words over it are a turn of their own; the later pauses resume as before.
+    assert [t.replaces_previous for t in agent._finals()] == [False, False, True]
+
+
+async def test_a_backchannel_over_another_eids_utterance_leaves_the_turn_owed() -> None:
+    """Through the policy: the caller says "yes" over a key press's answer they are hearing;
+    that answer is paused and resumed (a backchannel), and the turn is still owed its reply:
+    the turn's reply heard closes it. Before, the policy dropped the answer as the reply."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await session._transcribed(_Said("what is my"), False, None)
+        eid = session._reply_eid
+        await line.send("utt-key", reply_to="7-0", ms=3000)
+        for _ in range(10):
+            await line.frame()
+        await line.speak("backchannel_real_yes", 3200, 4400)
+        key = [e["type"] for e in session.timeline.events
+               if e.get("utterance_id") == "utt-key"]
+        assert key[-2:] == ["bot_utterance_paused", "bot_utterance_resumed"], key
+        assert not [e for e in session.timeline.events if e["type"] == "turn_resumed"]
+        assert session._bot_view().reply_unheard is False  # the answer is audible again
+        await line.play_out("utt-key", 3000)
+        assert session._bot_view().reply_unheard  # the turn is still owed its reply
+        await line.play("utt-reply", reply_to=eid)
+        assert not session._bot_view().reply_unheard
+        await session.end("stop")
+
+
+async def test_a_barge_in_on_another_eids_utterance_cancels_the_owed_reply() -> None:
+    """Through the policy: the caller talks over a key press's answer long enough to take the
+    turn; the answer is interrupted (``reason: speech``) and the worker cancels every
+    generation, the turn's reply among them. That reply, made before the worker read the
+    interrupt, comes after it: it is dropped before any of it plays."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await session._transcribed(_Said("what is my"), False, None)
+        eid = session._reply_eid
+        assert eid is not None
+        await line.send("utt-key", reply_to="7-0", ms=3000)
+        for _ in range(10):
+            await line.frame()
+        await line.speak("long_turn_librivox", 2900, 4400)
+        cut = [e for e in session.timeline.events if e["type"] == "barge_in"]
+        assert [(e["utterance_id"], e["reason"]) for e in cut] == [("utt-key", "speech")]
+        assert session._cancelled_turns == {eid: "speech"}
+        await line.send("utt-reply", reply_to=eid)
+        dropped = session.timeline.events[-1]
+        assert dropped["type"] == "bot_utterance_interrupted"
+        assert dropped["utterance_id"] == "utt-reply" and dropped["dropped"] == "cancelled_turn"
+        await session.end("stop")
+
+
+async def test_a_settled_speculation_leaves_no_carry_for_the_next_turn() -> None:
+    """The caller goes on after a speculated turn likely over, once a worker prompt (it names
+    no eid) they hear has closed that turn: the speculation's final settles it; the caller's
+    next turn is published, not held back as words "still on their way". Before, the flag
+    set for the early transcript was cleared only by a final that was not a speculation's, so
+    that next final was carried into the turn after it (``dropped: resumed``)."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await line.send("utt-prompt", reply_to=None, ms=3000)
+        await line.frame()
+        first, _ = await _speculated(line, "what is my", "what is my")
+        session._turn_tentative = True  # as at turn_likely: the turn's end is still awaited
+        session._turn_text_stream = first
+        for _ in range(6):
+            await line.frame()
+        assert not session._bot_view().reply_unheard  # the prompt heard closed the turn
+        await line.speak("long_turn_librivox", 2900, 4400)
+        assert any(e["type"] == "speech_started" for e in session.timeline.events)
+        await session._transcribed(first, False, None)
+        assert session.timeline.events[-1]["dropped"] == "confirmed"
+        await session._transcribed(_Said("and my card"), False, None)
+        assert _finals(session)[-1]["text"] == "and my card"
         await session.end("stop")
