@@ -26,8 +26,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    the echo the line's 160 ms before it predict for it, at whatever delay and loss they show (an
    echo path that has just changed, which the locked delay and AEC3 have not followed yet).
    With an echo canceller in front, and where the settings ask for it (off by default), a
-   small fitted network (:class:`CallerClassifier`) has the last word: a window it scores ``classifier_on`` is the caller whatever the paths say, one
-   the paths take that it scores under ``classifier_veto`` is not.
+   small fitted network (:class:`CallerClassifier`) has the last word: a window it scores
+   ``classifier_on`` is the caller whatever the paths say, one the paths take that it scores
+   under ``classifier_veto`` is not.
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -140,6 +141,7 @@ def wants_features(gate: GateReading, min_level_dbfs: float) -> bool:
 
 
 def _clip(value: float, lo: float, hi: float) -> float:
+    """``value`` (dB) held to ``lo``..``hi``, in tens of dB (the classifier's input scale)."""
     return min(hi, max(lo, value)) / 10.0
 
 
