@@ -30,12 +30,13 @@ import json
 import random
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SEARCH", "fit", "log_windows", "main", "score"]
+__all__ = ["CLASSIFIER_OFF", "SEARCH", "fit", "log_windows", "main", "score", "window_inputs"]
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "vad" / "bargein_fit.json"
 EARLY_SLACK_MS = 50.0  # linesim.scoring / eval_bargein.py
@@ -190,15 +191,18 @@ def _call_truth(labels: dict[str, Any]) -> dict[str, Any]:
             "echo_only": not any(e["kind"] in ("speech", "backchannel") for e in labels["events"])}
 
 
-def _first_stop(rows: np.ndarray, params: dict[str, Any]) -> float | None:
-    """When the decision with ``params`` first stops the bot on these logged windows."""
-    from vad import BargeInPolicy, BargeInSettings, BotState, Decision, GateReading
-    from vad import WindowFeatures
+def _barge_in(params: dict[str, Any]) -> dict[str, Any]:
+    """The ``barge_in.`` keys of ``params``, as BargeInSettings' keyword arguments."""
+    return {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("barge_in.")}
 
-    b = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("barge_in.")}
+
+def window_inputs(rows: np.ndarray, params: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    """Each logged window as the policy's step gets it: (t_ms, prob, gate, features, bot,
+    clean_prob); the gate's ``passes`` recomputed for ``params``' echo margins."""
+    from vad import BotState, GateReading, WindowFeatures
+
     e = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("echo.")}
     em, nm = e.get("echo_margin_db", 8.0), e.get("noise_margin_db", 6.0)
-    policy = BargeInPolicy(BargeInSettings(**b))
     bots = (BotState.SILENT, BotState.INTERRUPTIBLE, BotState.NON_INTERRUPTIBLE)
     for r in rows:
         (t, prob, clean, level, echo, noise, locked, free, band, ref, erl, corr, unexp, prior,
@@ -207,21 +211,35 @@ def _first_stop(rows: np.ndarray, params: dict[str, Any]) -> float | None:
         gate = GateReading(float(level), float(echo), float(noise), bool(locked), bool(passes),
                            bool(free), float(band), float(ref), float(erl), float(corr),
                            float(unexp), float(prior), float(prior_fit))
-        out = policy.step(float(prob), gate, WindowFeatures(float(voicing), float(dtmf)),
-                          bots[int(bot)], clean_prob=None if clean < 0 else float(clean))
+        yield (float(t), float(prob), gate, WindowFeatures(float(voicing), float(dtmf)),
+               bots[int(bot)], None if clean < 0 else float(clean))
+
+
+def _first_stop(rows: np.ndarray, params: dict[str, Any],
+                classifier: Any = None) -> float | None:
+    """When the decision with ``params`` (and ``classifier``, if it uses one: the shipped
+    weights by default) first stops the bot on these logged windows."""
+    from vad import BargeInPolicy, BargeInSettings, Decision
+
+    policy = BargeInPolicy(BargeInSettings(**_barge_in(params)), classifier)
+    for t, prob, gate, feat, bot, clean in window_inputs(rows, params):
+        out = policy.step(prob, gate, feat, bot, clean_prob=clean)
         if any(e.kind in (Decision.PAUSE, Decision.COMMIT) for e in out):
             return float(t)
     return None
 
 
-def score(log: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The first-stop scores of ``params`` over a windows log."""
+def score(log: dict[str, Any], params: dict[str, Any],
+          classifiers: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """The first-stop scores of ``params`` over a windows log; ``classifiers`` gives the caller
+    classifier for the log's call at each index (default: the shipped one)."""
     rows = log["rows"]
     detected = expected = fs = fs_echo = echo_calls = 0
     latencies: list[float] = []
-    for m in log["meta"]:
+    for i, m in enumerate(log["meta"]):
         truth = _call_truth(m["labels"])
-        ts = _first_stop(rows[m["start"]:m["end"]], params)
+        ts = _first_stop(rows[m["start"]:m["end"]], params,
+                         None if classifiers is None else classifiers(i))
         talking = ts is not None and any(a <= ts <= b for a, b in truth["turns"])
         if truth["barge_in"] and truth["onset"] is not None:
             expected += 1
@@ -279,15 +297,25 @@ HAND_TUNED: dict[str, Any] = {
 }
 
 
+CLASSIFIER_OFF: dict[str, Any] = {"barge_in.classifier_on": None,
+                                  "barge_in.classifier_veto": None}
+"""The thresholds here are fitted for the hand-set paths alone, as before the caller classifier
+(``python -m bench.fit_classifier`` fits its fast path and veto on top of them)."""
+
+
 def fit(log: dict[str, Any], *, candidates: int = 200, seed: int = 0,
         passes: int = 3) -> dict[str, Any]:
     """Seeded random search over :data:`SEARCH` (from :data:`HAND_TUNED`); the best candidate."""
     default = dict(HAND_TUNED)
     rng = random.Random(seed)
     tried = [default] + [{k: rng.choice(v) for k, v in SEARCH.items()} for _ in range(candidates)]
+
+    def score_off(params: dict[str, Any]) -> dict[str, Any]:
+        return score(log, dict(CLASSIFIER_OFF, **params))
+
     best: tuple[float, int, dict[str, Any], dict[str, Any]] | None = None
     for i, params in enumerate(tried):
-        s = score(log, params)
+        s = score_off(params)
         j = objective(s)
         if best is None or j > best[0]:
             best = (j, i, params, s)
@@ -301,14 +329,14 @@ def fit(log: dict[str, Any], *, candidates: int = 200, seed: int = 0,
                 if v == best[2][key]:
                     continue
                 params = dict(best[2], **{key: v})
-                s = score(log, params)
+                s = score_off(params)
                 j = objective(s)
                 if j > best[0]:
                     best, moved = (j, best[1], params, s), True
         if not moved:
             break
     return {"params": best[2], "train": best[3], "objective": round(best[0], 4),
-            "hand_tuned_train": score(log, default), "candidates": candidates, "seed": seed,
+            "hand_tuned_train": score_off(default), "candidates": candidates, "seed": seed,
             "passes": passes}
 
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import fit_bargein
+from bench import fit_bargein, fit_classifier
 from gateway.call import CallSettings
+from vad import BargeInSettings, CallerClassifier
 
 FIT = json.loads(fit_bargein.FIT_FILE.read_text())
+CLASSIFIER = json.loads(fit_classifier.OUT.read_text())
 
 
 def test_defaults_are_the_fitted_thresholds() -> None:
@@ -57,7 +59,7 @@ def test_score_reads_the_first_stop_as_the_evaluator(onset: float, detected: int
     labels = {"expect": {"barge_in": True, "barge_in_onset_ms": onset},
               "bot_turns": [{"start_ms": 0.0, "end_ms": 5000.0}],
               "events": [{"kind": "speech", "start_ms": onset, "end_ms": onset + 500}]}
-    s = fit_bargein.score(_log(rows, labels), {})
+    s = fit_bargein.score(_log(rows, labels), fit_bargein.CLASSIFIER_OFF)  # hand-set paths
     assert (s["detected"], s["false_stops"]) == (detected, false_stops)
     if detected:
         assert s["latency_p50_ms"] == 32.0 * 33 - onset  # 2nd caller window: speech + pause
@@ -85,5 +87,26 @@ def test_logs_of_several_seeds_fit_as_one() -> None:
     early = dict(hit, expect={"barge_in": True, "barge_in_onset_ms": 2000.0})
     both = fit_bargein._concat([_log(rows, hit), _log(rows, early)])
     assert [(m["start"], m["end"]) for m in both["meta"]] == [(0, 40), (40, 80)]
-    s = fit_bargein.score(both, {})
+    s = fit_bargein.score(both, fit_bargein.CLASSIFIER_OFF)
     assert (s["calls"], s["detected"], s["false_stops"]) == (2, 1, 1)
+
+
+def test_the_shipped_classifier_is_what_its_training_code_produces() -> None:
+    """vad/bargein_classifier.json is ``python -m bench.fit_classifier``'s network, trained on
+    the train windows log (the weights as written, to their last digit)."""
+    x, y, w, _ = fit_classifier.inputs(fit_bargein._load(fit_classifier.WINDOWS))
+    model = fit_classifier.train(x, y, w, seed=CLASSIFIER["seed"])
+    assert model.to_json() == CLASSIFIER["model"]
+    assert CallerClassifier.shipped().to_json() == CLASSIFIER["model"]
+
+
+def test_the_classifier_file_records_its_fitted_thresholds() -> None:
+    """The fitted fast path and veto beat the classifier off on train first stops (out of
+    fold); they are not the defaults (docs/bargein.md: a dev-set gate fails with them)."""
+    settings = BargeInSettings()
+    assert settings.classifier_on is None and settings.classifier_veto is None
+    assert set(CLASSIFIER["params"]) == set(fit_classifier.SEARCH)
+    assert CLASSIFIER["params"]["barge_in.classifier_on"] is not None
+    scores = CLASSIFIER["first_stop_out_of_fold"]
+    assert fit_bargein.objective(scores["with"]) > fit_bargein.objective(scores["without"])
+    assert scores["objective"] == round(fit_bargein.objective(scores["with"]), 4)

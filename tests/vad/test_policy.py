@@ -12,6 +12,7 @@ from vad import (
     BargeInSettings,
     BotState,
     BotView,
+    CallerClassifier,
     Decision,
     DropReason,
     EchoGateBank,
@@ -37,6 +38,9 @@ QUIET_LINE = GateReading(level_db=-30.0, echo_db=-100.0, noise_db=-40.0, echo_lo
 MASKED_VOICE = GateReading(level_db=-30.0, echo_db=-36.0, noise_db=-35.0, echo_locked=False,
                            passes=False, echo_free=True, band_snr_db=15.0)
 VOICED = WindowFeatures(voicing=0.75, dtmf=0.05)
+# The hand-set paths alone, for tests of their guards: the classifier (fitted on simulated
+# calls) reads these hand-made windows its own way.
+HAND = BargeInSettings(classifier_on=None, classifier_veto=None)
 
 
 def kinds(effects: list[Effect]) -> list[Decision]:
@@ -372,7 +376,7 @@ def test_the_engine_computes_features_for_clean_path_candidates() -> None:
 FIRST_TURN_CALLER = GateReading(level_db=-22.0, echo_db=-26.0, noise_db=-40.0,
                                 echo_locked=False, passes=False, ref_db=-14.0, erl_db=12.0,
                                 echo_corr=1.0, unexplained_db=-22.5)
-EXPLAIN = BargeInSettings(explain_share_db=2.0, explain_noise_db=9.0, explain_voicing_min=0.6,
+EXPLAIN = replace(HAND, explain_share_db=2.0, explain_noise_db=9.0, explain_voicing_min=0.6,
                           explain_until_ms=960.0, explain_background_db=None,
                           explain_floor_pct=None, background_db=None, background_pct=75.0)
 
@@ -478,7 +482,7 @@ def test_every_path_stands_aside_for_a_background_there_before_the_bot() -> None
     window of the second before it came in (``background_pct`` 100), whichever path heard it:
     here the raw gate, which a TV's syllable passes. The caller 9 dB over it is heard; so is the
     same syllable on a line that was quiet before the bot, and with the floor off."""
-    settings = BargeInSettings(background_db=9.0, background_pct=100.0)
+    settings = replace(HAND, background_db=9.0, background_pct=100.0)
     tv_line = [-40.0] * 20 + [-30.0] + [-36.0] * 10
     policy = BargeInPolicy(settings)
     _line_before_the_bot(policy, tv_line)
@@ -502,7 +506,7 @@ def test_the_background_is_never_the_callers_own_voice() -> None:
     """``background_caller_db``: a caller who answered in the bot's silence left their own level
     in that second; once their turn has taught the policy their level, the background is taken
     no higher than that far under it, so their barge-in on the next prompt is heard."""
-    settings = BargeInSettings(background_db=9.0, background_pct=100.0,
+    settings = replace(HAND, background_db=9.0, background_pct=100.0,
                                background_caller_db=18.0)
     policy = BargeInPolicy(settings)
     assert kinds(_talk(policy, 25, BotState.SILENT))[:1] == [Decision.SPEECH_STARTED]
@@ -523,7 +527,7 @@ def test_a_short_turn_before_the_prompt_does_not_teach_the_cap() -> None:
     ``caller_db``) just before the prompt is the loudest window of that second, and a short
     turn teaches no cap (on train the TV's and babble's own short "turns" would cancel the
     floor): a barge-in at the answer's level is held, one 9 dB over it is heard."""
-    settings = BargeInSettings(background_db=9.0, background_pct=100.0,
+    settings = replace(HAND, background_db=9.0, background_pct=100.0,
                                background_caller_db=18.0)
     policy = BargeInPolicy(settings)
     assert kinds(_talk(policy, 10, BotState.SILENT))[:1] == [Decision.SPEECH_STARTED]
@@ -544,8 +548,8 @@ def test_a_voice_already_talking_when_the_bot_comes_in_is_its_background() -> No
     began in a gap of 520 ms or more between two utterances is talked over too. Without the
     floor (main before session 8) the same steps pause and commit."""
     talking_over = replace(CALLER, ref_db=-25.0, echo_db=-45.0, unexplained_db=-20.5)
-    floored = BargeInPolicy(BargeInSettings())
-    unfloored = BargeInPolicy(BargeInSettings(background_db=None))
+    floored = BargeInPolicy(HAND)
+    unfloored = BargeInPolicy(replace(HAND, background_db=None))
     for policy, expected in ((floored, []), (unfloored, [Decision.PAUSE, Decision.COMMIT])):
         assert kinds(_talk(policy, 10, BotState.SILENT)) == [Decision.SPEECH_STARTED]
         over = [d for _ in range(20)
@@ -557,7 +561,7 @@ def test_a_voice_already_talking_when_the_bot_comes_in_is_its_background() -> No
 def test_the_band_path_keeps_its_own_floor_under_a_background() -> None:
     """The voiced-band path (echo-free lines) stands beside ``background_db``: a voice 5 dB over
     a kitchen's clatter is under the clatter's loudest window, and its band floor hears it."""
-    policy = BargeInPolicy(BargeInSettings(background_db=9.0, background_pct=100.0))
+    policy = BargeInPolicy(replace(HAND, background_db=9.0, background_pct=100.0))
     _line_before_the_bot(policy, [-38.0] * 30 + [-28.0])
     voice = replace(MASKED_VOICE, ref_db=-20.0)
     assert policy.is_caller(0.05, voice, VOICED)
@@ -606,13 +610,13 @@ def test_an_echo_the_line_just_before_predicts_never_begins_a_turn() -> None:
     """``prior_margin_db``: the window that would begin a caller run while the bot talks must
     stand that far over the echo the line's recent past predicts; the shipped decision without
     it pauses for the changed path's echo."""
-    guarded = BargeInPolicy(BargeInSettings(prior_margin_db=3.0))
-    unguarded = BargeInPolicy(BargeInSettings(prior_margin_db=None))
+    guarded = BargeInPolicy(replace(HAND, prior_margin_db=3.0))
+    unguarded = BargeInPolicy(replace(HAND, prior_margin_db=None))
     echo = [d for _ in range(20)
             for d in guarded.step(0.99, CHANGED_PATH_ECHO, VOICED, PLAYING, clean_prob=0.6)]
     assert echo == []
     # Where the fit explains little of the history (a voice in it), it predicts nothing.
-    loose = BargeInPolicy(BargeInSettings(prior_margin_db=3.0))
+    loose = BargeInPolicy(replace(HAND, prior_margin_db=3.0))
     assert loose.is_caller(0.99, replace(CHANGED_PATH_ECHO, prior_fit=0.3), VOICED,
                            clean_prob=0.6)
     assert kinds([d for _ in range(2) for d in unguarded.step(
@@ -624,7 +628,7 @@ def test_a_caller_over_the_predicted_echo_begins_a_turn_and_is_not_held_after() 
     """The caller's first window stands over what the echo's past predicts; once their run has
     begun, the windows after it are not held by the prediction (their own first window is in
     the history it is fitted on by then)."""
-    policy = BargeInPolicy(BargeInSettings(prior_margin_db=3.0))
+    policy = BargeInPolicy(replace(HAND, prior_margin_db=3.0))
     first = replace(CHANGED_PATH_ECHO, level_db=-18.0, unexplained_db=-19.0)
     second = replace(first, prior_echo_db=-19.0)  # the fit has learnt the caller's first window
     assert policy.step(0.99, first, VOICED, PLAYING, clean_prob=0.9) == []
@@ -641,8 +645,8 @@ def test_a_held_window_does_not_hold_the_caller_the_fit_then_learns() -> None:
     onset = replace(CHANGED_PATH_ECHO, level_db=-22.0)  # held: 3 dB over a well-fitted echo
     caller = replace(CHANGED_PATH_ECHO, level_db=-18.0, unexplained_db=-19.0,
                      prior_echo_db=-18.0)  # the fit's prediction: the caller's own level
-    fixed = BargeInPolicy(BargeInSettings(prior_margin_db=4.5, prior_explained_db=3.0))
-    first = BargeInPolicy(BargeInSettings(prior_margin_db=4.5, prior_explained_db=None))
+    fixed = BargeInPolicy(replace(HAND, prior_margin_db=4.5, prior_explained_db=3.0))
+    first = BargeInPolicy(replace(HAND, prior_margin_db=4.5, prior_explained_db=None))
     for policy in (fixed, first):
         assert not policy.is_caller(0.99, onset, VOICED, clean_prob=0.9)
         assert policy.step(0.99, onset, VOICED, PLAYING, clean_prob=0.9) == []
@@ -651,3 +655,65 @@ def test_a_held_window_does_not_hold_the_caller_the_fit_then_learns() -> None:
     assert fixed.step(0.99, caller, VOICED, PLAYING, clean_prob=0.9) == []
     assert kinds(fixed.step(0.99, caller, VOICED, PLAYING, clean_prob=0.9)) == [
         Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+# -- the caller classifier's fast path (classifier_on) ---------------------------------------
+def _sure(score: float) -> CallerClassifier:
+    """A network that gives every window ``score``, whatever it reads."""
+    n = 34  # CallerFeatures' inputs
+    logit = float(np.log(score / (1.0 - score)))
+    return CallerClassifier(np.zeros(n), np.ones(n), np.zeros((n, 2)), np.zeros(2),
+                            np.zeros(2), logit)
+
+
+FAST = BargeInSettings(classifier_on=0.5, classifier_windows=2)
+# A window no hand-set path takes for the caller (Silero low, the gate shut), while the bot
+# talks, over the floors and in the clean path's feature candidates (features computed):
+HELD_BY_PATHS = replace(OVER_ECHO, echo_locked=False)
+
+
+def _fast(policy: BargeInPolicy, windows: int, bot: BotView, feat: WindowFeatures = VOICED,
+          gate: GateReading = HELD_BY_PATHS, clean: float | None = 0.1) -> list[Effect]:
+    return [d for _ in range(windows)
+            for d in policy.step(0.05, gate, feat, bot, clean_prob=clean)]
+
+
+def test_the_classifier_fast_path_pauses_after_its_windows() -> None:
+    assert wants_features(HELD_BY_PATHS, -55.0)
+    assert _fast(BargeInPolicy(replace(FAST, classifier_on=None), _sure(0.99)), 10,
+                 PLAYING) == []  # off: the paths alone hold these windows
+    assert _fast(BargeInPolicy(FAST, _sure(0.4)), 10, PLAYING) == []  # under classifier_on
+    policy = BargeInPolicy(FAST, _sure(0.99))
+    assert _fast(policy, 2, PLAYING) == []  # a run begins at its second fast window ...
+    assert kinds(_fast(policy, 1, PLAYING)) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert policy.score == pytest.approx(0.99)
+
+
+def test_the_classifier_never_stops_a_non_interruptible_utterance() -> None:
+    policy = BargeInPolicy(FAST, _sure(0.99))
+    out = _fast(policy, 40, DISCLOSURE)
+    assert kinds(out) == [Decision.SPEECH_STARTED, Decision.SUPPRESSED]
+    assert out[0] == SpeechStarted(over_uninterruptible=True, drop_reply=False)
+
+
+@pytest.mark.parametrize(("gate", "feat", "clean"), [
+    (HELD_BY_PATHS, WindowFeatures(voicing=0.9, dtmf=0.9), 0.1),  # a key tone
+    (HELD_BY_PATHS, VOICED, None),  # no canceller in front: the classifier is not run
+    (replace(HELD_BY_PATHS, level_db=-58.0, noise_db=-70.0, echo_db=-70.0), VOICED, 0.1),
+    (replace(HELD_BY_PATHS, level_db=-40.0), VOICED, 0.1),  # no features computed for it
+])
+def test_the_classifier_fast_path_guards(gate: GateReading, feat: WindowFeatures,
+                                         clean: float | None) -> None:
+    policy = BargeInPolicy(FAST, _sure(0.99))
+    assert _fast(policy, 20, PLAYING, feat, gate, clean) == []
+    assert policy.score == (0.0 if clean is None else pytest.approx(0.99))
+
+
+def test_the_classifier_veto_holds_a_window_the_paths_take() -> None:
+    def run(score: float) -> list[Decision]:
+        policy = BargeInPolicy(BargeInSettings(classifier_veto=0.1), _sure(score))
+        return kinds([d for _ in range(3)
+                      for d in policy.step(0.95, CALLER, VOICED, PLAYING, clean_prob=0.9)])
+
+    assert run(0.05) == []
+    assert run(0.5) == [Decision.SPEECH_STARTED, Decision.PAUSE]
