@@ -687,14 +687,15 @@ def call_settings_from(barge_in: Any, turn: Any = None) -> CallSettings:
     """Map an agent's ``barge_in`` section (config.BargeInConfig) and ``turn`` section
     (config.TurnConfig; None: the defaults) to the call's settings."""
     b = barge_in
+    decision = BargeInSettings(p_on=b.p_on, p_off=b.p_off, start_windows=b.start_windows,
+                               stop_windows=b.stop_windows, commit_ms=b.commit_ms,
+                               resume_on_backchannel=b.resume_on_backchannel,
+                               band_snr_db=b.band_snr_db, dtmf_interrupts=b.dtmf_interrupts,
+                               speech_over_uninterruptible=OverUninterruptible(
+                                   b.speech_over_uninterruptible))
     return CallSettings(
         turn=TurnSettings(**turn.model_dump()) if turn is not None else TurnSettings(),
-        barge_in=BargeInSettings(p_on=b.p_on, p_off=b.p_off, start_windows=b.start_windows,
-                                 stop_windows=b.stop_windows, commit_ms=b.commit_ms,
-                                 resume_on_backchannel=b.resume_on_backchannel,
-                                 band_snr_db=b.band_snr_db, dtmf_interrupts=b.dtmf_interrupts,
-                                 speech_over_uninterruptible=OverUninterruptible(
-                                     b.speech_over_uninterruptible)),
+        barge_in=decision.with_fitted_classifier() if b.classifier == "fitted" else decision,
         echo=EchoGateSettings(echo_margin_db=b.echo_margin_db, noise_margin_db=b.noise_margin_db),
         echo_canceller=AecMode(b.echo_canceller),
         playback_lead_ms=b.playback_lead_ms,

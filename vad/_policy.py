@@ -51,6 +51,7 @@ The call controller (``gateway/call.py``) only carries them out.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections import deque
@@ -432,15 +433,27 @@ class BargeInSettings:
     the caller whatever the hand-set paths and vetoes say, if the engine computed its features
     and it is not a DTMF tone. Fitted with ``classifier_windows`` and ``classifier_veto`` by
     ``python -m bench.fit_classifier`` (train first stops, out of fold: 78/80 FS 35 124/409 ms
-    -> 77/80 FS 24 108/377 ms; train closed loop, seed 3: FS 19 -> 11, FI 0 -> 0, p95 430 ->
+    -> 77/80 FS 27 108/377 ms; train closed loop, seed 3: FS 19 -> 11, FI 0 -> 0, p95 430 ->
     355 ms; docs/bargein.md): 0.8, 1 window, veto 0.3. Off by default: with them the dev set's
     ``noise_cough_door_click`` gets a false stop and tests/gateway/test_replay.py's gate fails.
     None: off (the classifier is not run)."""
     classifier_windows: int = 1
-    """... windows in a row (this one included) the score must hold for."""
+    """... windows in a row (this one included) the score must hold for; at least 1."""
     classifier_veto: float | None = None
     """A window the other paths call the caller is not, where the classifier scores it under
     this (and the line is not known to be echo-free). None: no such veto."""
+
+    def __post_init__(self) -> None:
+        # 0 would open the fast path on every window whose features were computed, with only
+        # the veto set (the run counter starts at 0).
+        if self.classifier_windows < 1:
+            raise ValueError(f"classifier_windows must be >= 1, got {self.classifier_windows}")
+
+    def with_fitted_classifier(self) -> BargeInSettings:
+        """These settings with the caller classifier on at its fitted thresholds (the
+        ``params`` of :data:`CLASSIFIER_FILE`, from ``python -m bench.fit_classifier``)."""
+        params = json.loads(CLASSIFIER_FILE.read_text())["params"]
+        return dataclasses.replace(self, **{k.split(".", 1)[1]: v for k, v in params.items()})
 
 
 class BotState(enum.Enum):

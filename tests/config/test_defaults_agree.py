@@ -21,6 +21,7 @@ BARGE_IN_CHANGES: dict[str, Any] = {
     "resume_on_backchannel": False, "echo_margin_db": 9.0, "noise_margin_db": 7.0,
     "band_snr_db": 99.0, "playback_lead_ms": 300.0, "playback_chunk_ms": 80,
     "dtmf_interrupts": False, "echo_canceller": "off", "speech_over_uninterruptible": "drop",
+    "classifier": "fitted",
 }
 TURN_CHANGES: dict[str, Any] = {
     "mode": "silence", "patience": 1.5, "min_wait_ms": 600.0, "max_wait_ms": 3000.0,
@@ -50,3 +51,20 @@ def test_each_turn_field_reaches_the_call_settings(name: str) -> None:
     changed = TurnConfig(**{name: TURN_CHANGES[name]})
     assert getattr(changed, name) != getattr(TurnConfig(), name)
     assert call_settings_from(BargeInConfig(), changed) != CallSettings(), f"turn.{name}"
+
+
+def test_the_fitted_classifier_is_the_files_thresholds() -> None:
+    """``classifier: fitted`` turns on the thresholds bench.fit_classifier wrote beside the
+    weights; YAML's bare ``off`` (false) is off."""
+    import json
+
+    from vad._policy import CLASSIFIER_FILE
+
+    fitted = call_settings_from(BargeInConfig(classifier="fitted")).barge_in
+    params = json.loads(CLASSIFIER_FILE.read_text())["params"]
+    assert {f"barge_in.{k}": getattr(fitted, k) for k in
+            ("classifier_on", "classifier_windows", "classifier_veto")} == params
+    assert fitted.classifier_on is not None and fitted.classifier_veto is not None
+    assert BargeInConfig(classifier=False).classifier == "off"  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="classifier"):
+        BargeInConfig(classifier="on")  # type: ignore[arg-type]

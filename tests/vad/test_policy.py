@@ -717,3 +717,9 @@ def test_the_classifier_veto_holds_a_window_the_paths_take() -> None:
 
     assert run(0.05) == []
     assert run(0.5) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_classifier_windows_below_one_is_refused() -> None:
+    # 0 would open the fast path on every window with features (the run counter starts at 0).
+    with pytest.raises(ValueError, match="classifier_windows"):
+        BargeInSettings(classifier_windows=0)
