@@ -408,8 +408,9 @@ class CallSession:
         the interruptible utterances queued behind it, the reply among them, and the worker
         cancels every interruptible generation (the reply's too: the turn is cancelled, and
         any of the reply still in flight is dropped), so the caller's words are a turn of
-        their own and the agent answers it with the unanswered turn before it in the context;
-        a non-interruptible reply queued there, or arriving, plays and closes the turn."""
+        their own and the agent answers it with the unanswered turn before it in the context
+        (the turn is closed then: ``_carry_out``); a non-interruptible reply queued there, or
+        arriving, plays."""
         return audible is not None and not self._answers_turn(audible)
 
     async def _carry_out(self, effect: Effect) -> None:
@@ -417,6 +418,9 @@ class CallSession:
         now = self.now_ms
         if isinstance(effect, SpeechStarted):
             tentative = self._turn_text_stream  # before a new stream takes its place
+            # Decided on the line the policy stepped: read after the publish below, a downlink
+            # event meanwhile (the head's utterance_end) flipped it from the policy's view.
+            over_other = self._over_other(self.playback.audible(now))
             self._start_transcription()
             self.emit("speech_started")
             await self.publish(bp.SpeechStarted(
@@ -426,7 +430,7 @@ class CallSession:
                 if self._unanswered is None:
                     self._carry_stream = tentative  # its transcript is still on its way
             if (self._unanswered is not None and not effect.over_uninterruptible
-                    and not self._over_other(self.playback.audible(now))):
+                    and not over_other):
                 text, self._unanswered = self._unanswered, None  # the caller went on
                 if effect.drop_reply:
                     await self._hold_reply(text)
@@ -464,7 +468,10 @@ class CallSession:
                 # Cut over another eid's utterance with the turn still owed (_over_other): the
                 # worker cancels every interruptible generation, the turn's reply among them,
                 # so what of it was made before it read the interrupt is stale (_stale_reply).
+                # The turn is closed with it: after a key press no transcript replaces it, and
+                # left owed, the caller's next words were glued onto it as the turn resumed.
                 self._cancel_reply(effect.reason.value)
+                self._unanswered = self._reply_eid = None
             await self._interrupt(reason=effect.reason.value)
         elif isinstance(effect, Resume):
             await self._apply(self.playback.resume(now))
@@ -554,22 +561,28 @@ class CallSession:
         if _words(whole) == _words(said):
             self.emit("transcript", text=whole, final=True, dropped="confirmed")
             return
-        u = self.playback.current
-        reply = u if u is not None and self._answers_turn(u) else None  # else another eid's
+        # The reply at the head or queued behind another eid's head (a key press's answer the
+        # caller is hearing, which plays on). Looked for at the head only, one queued behind
+        # played in full and the revision was answered too (two answers).
+        replies = [x for x in self.playback.queue if self._answers_turn(x)]
         if (self._unanswered is None or self._reply_eid != eid
-                or (reply is not None and not reply.interruptible)):
+                or any(not x.interruptible for x in replies)):
             # The reply is heard already, or queued and must be heard in full (a
             # non-interruptible one), or a later turn is out: too late to make it again.
             self.emit("transcript", text=whole, final=True, dropped="late")
             return
         self._cancel_reply("revised")
-        if reply is not None:
+        if replies and replies[0] is self.playback.current:
             await self._interrupt(reason="revised")
+        elif replies:
+            # Dropped unheard, the head untouched: the worker cuts each (``playback
+            # {interrupted, heard_ms: 0}``) and cancels its generation.
+            for x in replies:
+                await self._apply(self.playback.drop(x.id, reason="revised", reply_to=eid))
         else:
-            # Not queued yet (a head answering another eid, a key press's answer the caller is
-            # hearing, plays on): the worker cancels it (unknown utterance), and any of it
-            # that comes answers a cancelled turn and is dropped (_stale_reply). Left: a reply
-            # queued behind such a head is not looked for, and plays (docs/turns.md).
+            # Not queued yet (a head answering another eid plays on): the worker cancels it
+            # (unknown utterance), and any of it that comes answers a cancelled turn and is
+            # dropped (_stale_reply).
             await self.publish(bp.Interrupt(utterance_id=None, heard_ms=0.0, heard_text="",
                                             reason="revised", t_ms=self.now_ms))
         self.emit("transcript", text=whole, final=True, replaces_previous=True, revises=True)

@@ -163,6 +163,11 @@ class Playback:
     def get(self, utterance_id: str) -> Utterance | None:
         return self._by_id.get(utterance_id)
 
+    @property
+    def queue(self) -> tuple[Utterance, ...]:
+        """The utterances neither finished nor cut, in play order: the head first."""
+        return tuple(self._queue)
+
     def audible(self, now_ms: float) -> Utterance | None:
         """The utterance the caller hears at ``now_ms``, if any (paused ones are silent)."""
         u = self.current

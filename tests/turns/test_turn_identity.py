@@ -15,6 +15,9 @@ And from the review of that fix: words over an audible utterance answering anoth
 barge-in on it (through the policy: paused, resumed after a "yes", interrupted by a long turn,
 which cancels the owed reply), not the turn resumed; a speculation's revision cuts only the
 turn's own reply; and a settled speculation leaves no words "to carry" for the next turn.
+From the second review: a committed interrupt over another eid's utterance closes the owed
+turn (a key press too); a revision finds the turn's reply anywhere in the playout queue; and
+whether words are over another eid's utterance is decided on the line the policy stepped.
 
 The session is a real ``CallSession`` on the embedded bus and the Silero engine; the bot's audio
 goes to a Twilio stand-in (``TwilioPlayout``) whose mark echoes come back as Twilio frames. The
@@ -45,10 +48,11 @@ _REPLY_MS = 120  # three 40 ms chunks: heard from the first echoed mark
 class _Line:
     """A started call whose bot audio plays on a Twilio stand-in."""
 
-    def __init__(self, bus: EmbeddedBus, engine: VadEngine) -> None:
+    def __init__(self, bus: EmbeddedBus, engine: VadEngine,
+                 session: type[CallSession] = CallSession) -> None:
         self.playout: TwilioPlayout | None = None
-        self.session = CallSession(send=self._send, bus=bus, vad=engine, timeline=Timeline(),
-                                   transcribe_inline=True)
+        self.session = session(send=self._send, bus=bus, vad=engine, timeline=Timeline(),
+                               transcribe_inline=True)
         self._echoes: list[str] = []
         self._seq = 10_000  # sequence numbers of the silent frames fed while the bot talks
 
@@ -456,4 +460,158 @@ async def test_a_settled_speculation_leaves_no_carry_for_the_next_turn() -> None
         assert session.timeline.events[-1]["dropped"] == "confirmed"
         await session._transcribed(_Said("and my card"), False, None)
         assert _finals(session)[-1]["text"] == "and my card"
+        await session.end("stop")
+
+
+async def _uplink(bus: EmbeddedBus, session: CallSession) -> list[bp.UplinkEvent]:
+    """Every event the ended call put on its uplink, as a worker reads them."""
+    assert session.info is not None
+    events: list[bp.UplinkEvent] = []
+    async for m in bus.uplink(session.info.call_sid, "w17g"):
+        event = bp.decode(m.event)
+        assert isinstance(event, bp.UplinkEvent)
+        events.append(event)
+        await bus.ack(session.info.call_sid, m.id)
+        if isinstance(event, bp.CallEnded):
+            break
+    return events
+
+
+async def test_a_key_press_over_another_eids_utterance_closes_the_owed_turn() -> None:
+    """A key press cuts a greeting while the turn is owed its reply: the reply is cancelled
+    (``dtmf``) and the turn closed with it. The key's answer heard, the caller's next words
+    are a turn of their own. Before, the turn stayed owed (no transcript replaces it after a
+    key press), and those words were glued onto it (``replaces_previous``)."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        await session._transcribed(_Said("what is my balance"), False, None)
+        eid = session._reply_eid
+        assert eid is not None
+        await line.send("utt-greet", reply_to="1-0", ms=2000)
+        for _ in range(10):
+            await line.frame()
+        await session.handle_text(tp.build_dtmf(sequence_number=99,
+                                                stream_sid=session.stream_sid, digit="1"))
+        assert session._cancelled_turns == {eid: "dtmf"}
+        await line.send("utt-reply", reply_to=eid)  # made before the worker read the interrupt
+        assert session.timeline.events[-1]["dropped"] == "cancelled_turn"
+        await line.play("utt-keyans", reply_to="9-0", ms=600)
+        assert not session._bot_view().reply_unheard
+        await line.speak("long_turn_librivox", 2900, 4400)
+        assert not [e for e in session.timeline.events if e["type"] == "turn_resumed"]
+        await session._transcribed(_Said("yes the second one"), False, None)
+        final = _finals(session)[-1]
+        assert final["text"] == "yes the second one" and "replaces_previous" not in final
+        await session.end("stop")
+
+
+async def test_a_revision_drops_the_reply_queued_behind_another_eids_utterance() -> None:
+    """The turn's reply is queued behind a key press's answer the caller is hearing when the
+    speculation's final revises the turn: the reply is dropped unheard (the worker reads
+    ``playback {interrupted, heard_ms: 0}``), the key's answer plays on to its end, and the
+    revision alone is answered. Before, the revision looked at the head only: the stale reply
+    played in full after the key's answer, and the revision was answered too."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, eid = await _speculated(line, "what is my", "what's my balance")
+        await line.send("utt-key", reply_to="7-0", ms=400)
+        await line.send("utt-reply", reply_to=eid, ms=400)
+        for _ in range(6):
+            await line.frame()
+        await session._transcribed(first, False, None)
+        assert _finals(session)[-1]["revises"] is True
+        assert session._cancelled_turns == {eid: "revised"}
+        await line.play_out("utt-key", 400)
+        reply = [(e["type"], e.get("reason"), e.get("before_audio")) for e in
+                 session.timeline.events if e.get("utterance_id") == "utt-reply"]
+        assert reply == [("bot_utterance_interrupted", "revised", True)]
+        assert not [e for e in session.timeline.events if e["type"] == "barge_in"]
+        await session.end("stop")
+        dropped = [e for e in await _uplink(bus, session)
+                   if isinstance(e, bp.Playback) and e.utterance_id == "utt-reply"]
+        assert [(e.state, e.heard_ms) for e in dropped] == [("interrupted", 0.0)]
+
+
+async def test_a_non_interruptible_reply_queued_behind_another_eids_is_too_late_to_revise(
+) -> None:
+    """Both the greeting playing and the turn's reply behind it must be heard in full: the
+    reply will be heard, so the final is ``dropped: late``. Before, only the head was looked
+    at: the turn was revised too, and answered twice."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, eid = await _speculated(line, "what is my", "what's my balance")
+        for uid, reply_to in (("utt-hello", "1-0"), ("utt-reply", eid)):
+            await session.handle_downlink(bp.UtteranceStart(utterance_id=uid, node="n",
+                                                            interruptible=False,
+                                                            reply_to=reply_to))
+        await session._transcribed(first, False, None)
+        assert session.timeline.events[-1]["dropped"] == "late"
+        assert _finals(session)[-1]["text"] == "what is my" and not session._cancelled_turns
+        await session.end("stop")
+
+
+async def test_a_revision_of_a_reply_not_come_yet_tells_the_worker() -> None:
+    """On the bus: the revised turn's reply is not in the queue, so the worker is told to
+    cancel its generation (``interrupt {utterance_id: null, reason: revised}``) before the
+    revision goes out."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine)
+        session = await line.start()
+        first, _ = await _speculated(line, "what is my", "what's my balance")
+        await session._transcribed(first, False, None)
+        await session.end("stop")
+        uplink = await _uplink(bus, session)
+        cut = [e for e in uplink if isinstance(e, bp.Interrupt)]
+        assert [(e.utterance_id, e.reason) for e in cut] == [(None, "revised")]
+        finals = [e for e in uplink if isinstance(e, bp.Transcript) and e.final]
+        assert [(e.text, e.replaces_previous) for e in finals] == [
+            ("what is my", False), ("what's my balance", True)]
+        assert uplink.index(cut[0]) < uplink.index(finals[1])
+
+
+class _EndDuringSpeechStarted(CallSession):
+    """The call's downlink task delivers ``utterance_end`` for the head while the gateway is
+    publishing ``speech_started`` (an await: on a real bus the downlink runs then); made
+    deterministic here by delivering it from that publish."""
+
+    end_of: str | None = None
+
+    async def publish(self, event: bp.UplinkEvent) -> str | None:
+        eid = await super().publish(event)
+        if isinstance(event, bp.SpeechStarted) and self.end_of is not None:
+            end_of, self.end_of = self.end_of, None
+            await self.handle_downlink(bp.UtteranceEnd(utterance_id=end_of))
+        return eid
+
+
+async def test_a_downlink_event_during_speech_started_does_not_flip_the_decision() -> None:
+    """The caller says "yes" over a key press's answer whose audio is all out, its end not
+    come yet: the policy saw it audible (a barge-in on it, the turn still owed). Its
+    ``utterance_end`` arrives while speech_started is published and it finishes: the turn is
+    still owed, and its reply heard closes it. Before, the line was read again after that
+    await (nothing audible): the turn was taken as resumed and closed, the reply unheard."""
+    async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
+        line = _Line(bus, engine, session=_EndDuringSpeechStarted)
+        session = await line.start()
+        assert isinstance(session, _EndDuringSpeechStarted)
+        await session._transcribed(_Said("what is my"), False, None)
+        eid = session._reply_eid
+        await session.handle_downlink(bp.UtteranceStart(utterance_id="utt-key", node="n",
+                                                        reply_to="7-0"))
+        await session.handle_downlink(bp.Audio(utterance_id="utt-key",
+                                               payload=b"\xff" * (8 * _REPLY_MS)))
+        for _ in range(20):
+            await line.frame()
+        view = session._bot_view()
+        assert view.utterance_id == "utt-key" and not view.reply_unheard
+        session.end_of = "utt-key"
+        await line.speak("backchannel_real_yes", 3200, 4400)
+        assert session.end_of is None  # the speech started and the end came during it
+        assert session._unanswered == "what is my"
+        assert not [e for e in session.timeline.events if e["type"] == "turn_resumed"]
+        await line.play("utt-reply", reply_to=eid)
+        assert not session._bot_view().reply_unheard and session._unanswered is None
         await session.end("stop")
