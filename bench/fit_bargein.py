@@ -215,14 +215,16 @@ def window_inputs(rows: np.ndarray, params: dict[str, Any]) -> Iterator[tuple[An
                bots[int(bot)], None if clean < 0 else float(clean))
 
 
-def _first_stop(rows: np.ndarray, params: dict[str, Any],
-                classifier: Any = None) -> float | None:
+def _first_stop(rows: np.ndarray, params: dict[str, Any], classifier: Any = None,
+                inputs: list[tuple[Any, ...]] | None = None) -> float | None:
     """When the decision with ``params`` (and ``classifier``, if it uses one: the shipped
-    weights by default) first stops the bot on these logged windows."""
+    weights by default) first stops the bot on these logged windows (``inputs``: their
+    :func:`window_inputs` for ``params``, if already made)."""
     from vad import BargeInPolicy, BargeInSettings, Decision
 
     policy = BargeInPolicy(BargeInSettings(**_barge_in(params)), classifier)
-    for t, prob, gate, feat, bot, clean in window_inputs(rows, params):
+    for t, prob, gate, feat, bot, clean in (window_inputs(rows, params) if inputs is None
+                                            else inputs):
         out = policy.step(prob, gate, feat, bot, clean_prob=clean)
         if any(e.kind in (Decision.PAUSE, Decision.COMMIT) for e in out):
             return float(t)
@@ -230,16 +232,19 @@ def _first_stop(rows: np.ndarray, params: dict[str, Any],
 
 
 def score(log: dict[str, Any], params: dict[str, Any],
-          classifiers: Callable[[int], Any] | None = None) -> dict[str, Any]:
+          classifiers: Callable[[int], Any] | None = None,
+          inputs: list[list[tuple[Any, ...]]] | None = None) -> dict[str, Any]:
     """The first-stop scores of ``params`` over a windows log; ``classifiers`` gives the caller
-    classifier for the log's call at each index (default: the shipped one)."""
+    classifier for the log's call at each index (default: the shipped one); ``inputs``, each
+    call's :func:`window_inputs` for ``params``' echo margins, if already made."""
     rows = log["rows"]
     detected = expected = fs = fs_echo = echo_calls = 0
     latencies: list[float] = []
     for i, m in enumerate(log["meta"]):
         truth = _call_truth(m["labels"])
         ts = _first_stop(rows[m["start"]:m["end"]], params,
-                         None if classifiers is None else classifiers(i))
+                         None if classifiers is None else classifiers(i),
+                         None if inputs is None else inputs[i])
         talking = ts is not None and any(a <= ts <= b for a, b in truth["turns"])
         if truth["barge_in"] and truth["onset"] is not None:
             expected += 1
@@ -310,8 +315,19 @@ def fit(log: dict[str, Any], *, candidates: int = 200, seed: int = 0,
     rng = random.Random(seed)
     tried = [default] + [{k: rng.choice(v) for k, v in SEARCH.items()} for _ in range(candidates)]
 
+    # Each call's windows as the policy gets them, made once per set of echo margins (the
+    # gate's ``passes`` is all they change; the search varies none): built again for every
+    # candidate, they were most of the fit's time (tests/vad/test_fit.py's rerun of the search,
+    # alone on the 2-core machine: 177 -> 71 s, the same file back).
+    made: dict[tuple[tuple[str, Any], ...], list[list[tuple[Any, ...]]]] = {}
+
     def score_off(params: dict[str, Any]) -> dict[str, Any]:
-        return score(log, dict(CLASSIFIER_OFF, **params))
+        p = dict(CLASSIFIER_OFF, **params)
+        key = tuple(sorted((k, v) for k, v in p.items() if k.startswith("echo.")))
+        if key not in made:
+            made[key] = [list(window_inputs(log["rows"][m["start"]:m["end"]], p))
+                         for m in log["meta"]]
+        return score(log, p, inputs=made[key])
 
     best: tuple[float, int, dict[str, Any], dict[str, Any]] | None = None
     for i, params in enumerate(tried):
