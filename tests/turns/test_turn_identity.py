@@ -45,6 +45,12 @@ from vad._turn import TurnSettings
 _REPLY_MS = 120  # three 40 ms chunks: heard from the first echoed mark
 
 
+async def _publish_turn(session: CallSession, text: str) -> str | None:
+    """The caller's turn ``text`` transcribed and published; the eid it went out as."""
+    await session._transcribed(_Said(text), False, None)
+    return session._reply_eid
+
+
 class _Line:
     """A started call whose bot audio plays on a Twilio stand-in."""
 
@@ -91,6 +97,11 @@ class _Line:
             await self.frame()
         raise AssertionError(f"{utterance_id} was not played to the end")
 
+    async def frames(self, n: int) -> None:
+        """``n`` silent frames of the line (:meth:`frame`)."""
+        for _ in range(n):
+            await self.frame()
+
     async def frame(self, payload: bytes = b"\xff" * 160) -> None:
         """20 ms of the line: the marks Twilio echoes by now, then a caller frame (silent)."""
         session = self.session
@@ -126,8 +137,7 @@ async def test_only_the_turns_own_reply_heard_closes_the_turn() -> None:
     async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
         line = _Line(bus, engine)
         session = await line.start()
-        await session._transcribed(_Said("what is my"), False, None)
-        eid = session._reply_eid
+        eid = await _publish_turn(session, "what is my")
         assert eid is not None
         # A greeting (it answers call_started) and a key press's answer, heard in full: the
         # turn's reply is still owed, so the caller going on now resumes the turn.
@@ -240,8 +250,7 @@ async def test_a_revision_leaves_an_utterance_answering_another_eid_playing() ->
         session = await line.start()
         first, eid = await _speculated(line, "what is my", "what's my balance")
         await line.send("utt-key", reply_to="7-0", ms=400)
-        for _ in range(6):
-            await line.frame()
+        await line.frames(6)
         assert [e["utterance_id"] for e in session.timeline.events
                 if e["type"] == "bot_utterance_heard"] == ["utt-key"]
         await session._transcribed(first, False, None)
@@ -394,11 +403,9 @@ async def test_a_backchannel_over_another_eids_utterance_leaves_the_turn_owed() 
     async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
         line = _Line(bus, engine)
         session = await line.start()
-        await session._transcribed(_Said("what is my"), False, None)
-        eid = session._reply_eid
+        eid = await _publish_turn(session, "what is my")
         await line.send("utt-key", reply_to="7-0", ms=3000)
-        for _ in range(10):
-            await line.frame()
+        await line.frames(10)
         await line.speak("backchannel_real_yes", 3200, 4400)
         key = [e["type"] for e in session.timeline.events
                if e.get("utterance_id") == "utt-key"]
@@ -420,12 +427,10 @@ async def test_a_barge_in_on_another_eids_utterance_cancels_the_owed_reply() -> 
     async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
         line = _Line(bus, engine)
         session = await line.start()
-        await session._transcribed(_Said("what is my"), False, None)
-        eid = session._reply_eid
+        eid = await _publish_turn(session, "what is my")
         assert eid is not None
         await line.send("utt-key", reply_to="7-0", ms=3000)
-        for _ in range(10):
-            await line.frame()
+        await line.frames(10)
         await line.speak("long_turn_librivox", 2900, 4400)
         cut = [e for e in session.timeline.events if e["type"] == "barge_in"]
         assert [(e["utterance_id"], e["reason"]) for e in cut] == [("utt-key", "speech")]
@@ -451,8 +456,7 @@ async def test_a_settled_speculation_leaves_no_carry_for_the_next_turn() -> None
         first, _ = await _speculated(line, "what is my", "what is my")
         session._turn_tentative = True  # as at turn_likely: the turn's end is still awaited
         session._turn_text_stream = first
-        for _ in range(6):
-            await line.frame()
+        await line.frames(6)
         assert not session._bot_view().reply_unheard  # the prompt heard closed the turn
         await line.speak("long_turn_librivox", 2900, 4400)
         assert any(e["type"] == "speech_started" for e in session.timeline.events)
@@ -485,12 +489,10 @@ async def test_a_key_press_over_another_eids_utterance_closes_the_owed_turn() ->
     async with VadEngine(runtime="onnx", max_wait_ms=2.0) as engine, EmbeddedBus() as bus:
         line = _Line(bus, engine)
         session = await line.start()
-        await session._transcribed(_Said("what is my balance"), False, None)
-        eid = session._reply_eid
+        eid = await _publish_turn(session, "what is my balance")
         assert eid is not None
         await line.send("utt-greet", reply_to="1-0", ms=2000)
-        for _ in range(10):
-            await line.frame()
+        await line.frames(10)
         await session.handle_text(tp.build_dtmf(sequence_number=99,
                                                 stream_sid=session.stream_sid, digit="1"))
         assert session._cancelled_turns == {eid: "dtmf"}
@@ -518,8 +520,7 @@ async def test_a_revision_drops_the_reply_queued_behind_another_eids_utterance()
         first, eid = await _speculated(line, "what is my", "what's my balance")
         await line.send("utt-key", reply_to="7-0", ms=400)
         await line.send("utt-reply", reply_to=eid, ms=400)
-        for _ in range(6):
-            await line.frame()
+        await line.frames(6)
         await session._transcribed(first, False, None)
         assert _finals(session)[-1]["revises"] is True
         assert session._cancelled_turns == {eid: "revised"}
@@ -597,14 +598,12 @@ async def test_a_downlink_event_during_speech_started_does_not_flip_the_decision
         line = _Line(bus, engine, session=_EndDuringSpeechStarted)
         session = await line.start()
         assert isinstance(session, _EndDuringSpeechStarted)
-        await session._transcribed(_Said("what is my"), False, None)
-        eid = session._reply_eid
+        eid = await _publish_turn(session, "what is my")
         await session.handle_downlink(bp.UtteranceStart(utterance_id="utt-key", node="n",
                                                         reply_to="7-0"))
         await session.handle_downlink(bp.Audio(utterance_id="utt-key",
                                                payload=b"\xff" * (8 * _REPLY_MS)))
-        for _ in range(20):
-            await line.frame()
+        await line.frames(20)
         view = session._bot_view()
         assert view.utterance_id == "utt-key" and not view.reply_unheard
         session.end_of = "utt-key"
