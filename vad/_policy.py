@@ -192,6 +192,14 @@ class CallerFeatures:
         return np.asarray(x, dtype=np.float64)
 
 
+@lru_cache(maxsize=1)
+def _fitted_thresholds() -> dict[str, Any]:
+    """The classifier's fitted thresholds in :data:`CLASSIFIER_FILE`, as BargeInSettings'
+    keywords; read once per process (a gateway maps an agent's settings at every call)."""
+    params = json.loads(CLASSIFIER_FILE.read_text())["params"]
+    return {k.split(".", 1)[1]: v for k, v in params.items()}
+
+
 @dataclass(frozen=True)
 class CallerClassifier:
     """"Is the caller talking in this window?": a one-hidden-layer tanh network over
@@ -452,8 +460,7 @@ class BargeInSettings:
     def with_fitted_classifier(self) -> BargeInSettings:
         """These settings with the caller classifier on at its fitted thresholds (the
         ``params`` of :data:`CLASSIFIER_FILE`, from ``python -m bench.fit_classifier``)."""
-        params = json.loads(CLASSIFIER_FILE.read_text())["params"]
-        return dataclasses.replace(self, **{k.split(".", 1)[1]: v for k, v in params.items()})
+        return dataclasses.replace(self, **_fitted_thresholds())
 
 
 class BotState(enum.Enum):
