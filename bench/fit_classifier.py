@@ -7,8 +7,9 @@ raw and the echo-cancelled audio, the gate's readings, voicing, DTMF, the line's
 
 Three steps, all seeded and deterministic:
 
-1. **Inputs and truth.** The train windows log of :mod:`bench.fit_bargein`
-   (``bench/data/fit_windows_train.npz``) is stepped through a decision that never acts, as the
+1. **Inputs and truth.** The train windows logs of :mod:`bench.fit_bargein`
+   (``bench/data/fit_windows_train.npz``, the small grid's, and ``fit_windows_impacts.npz``,
+   loud bursts close to the phone) are stepped through a decision that never acts, as the
    call controller steps it, and each window's input vector is kept. A window is the caller's
    where it overlaps one of the labels' ``speech`` or ``backchannel`` events (a TV, music,
    babble, a cough or a key tone are events of other kinds: not the caller); the first
@@ -40,7 +41,7 @@ from bench import fit_bargein
 
 __all__ = ["SEARCH", "fit", "inputs", "main", "train"]
 
-WINDOWS = Path(__file__).resolve().parent / "data" / "fit_windows_train.npz"
+WINDOWS = fit_bargein.WINDOWS
 OUT = Path(__file__).resolve().parents[1] / "vad" / "bargein_classifier.json"
 HIDDEN = 12
 STEPS = 200  # of 200, 400, 800 (12 hidden; 8, 16 at 400): the lowest half-split log-loss
@@ -168,10 +169,12 @@ def fit(log: dict[str, Any], *, seed: int = 0, passes: int = 3) -> dict[str, Any
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fit_classifier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows", type=Path, default=WINDOWS)
+    ap.add_argument("--windows", type=Path, action="append",
+                    help="a windows log of bench.fit_bargein; repeatable (default: the shipped "
+                         "ones)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    result = fit(fit_bargein._load(args.windows))
+    result = fit(fit_bargein.load_windows(tuple(args.windows or WINDOWS)))
     args.out.write_text(json.dumps(result, sort_keys=True) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "model"}, indent=1))
     return 0

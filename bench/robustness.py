@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from bus import protocol as bp
-from linesim import Condition, ConditionError, SimCall, VoiceLibrary, grid, iter_calls, scoring
+from linesim import (GRIDS, Condition, ConditionError, SimCall, VoiceLibrary, grid, iter_calls,
+                     scoring)
 
 __all__ = [
     "VARIANTS",
@@ -597,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.robustness", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", choices=("train", "check"), default="train")
-    ap.add_argument("--grid", choices=("small", "full"), default="small")
+    ap.add_argument("--grid", choices=tuple(GRIDS), default="small")
     ap.add_argument("--condition", action="append", metavar="NAME",
                     help="only these grid points (condition names); repeatable")
     ap.add_argument("--calls-per-point", type=int, default=4)

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ._call import Condition, ConditionError, SimCall, simulate_call
-from ._grid import GRIDS, full_grid, grid, small_grid
+from ._grid import GRIDS, full_grid, grid, impacts_grid, small_grid
 from ._sources import (
     ESPEAK_VOICES,
     REAL_VOICE_SPLIT,
@@ -44,6 +44,7 @@ __all__ = [
     "VoiceLibrary",
     "call_name",
     "full_grid",
+    "impacts_grid",
     "generate",
     "grid",
     "iter_calls",

@@ -5,8 +5,9 @@ by that name alone, so the same variant is the same sound in every call and ever
 split of a variant (``_sources.synthetic_split``) is the split of a fixed sound.
 
 Kinds: ``room`` (coloured stationary noise with a slow hum), ``music`` (hold music: chords of
-harmonic tones on a beat), ``cough``, ``laugh``, ``breath``, ``click``. These are shaped noise and
-tones, not recordings; the labels say ``synthetic``.
+harmonic tones on a beat), ``cough``, ``laugh``, ``breath``, ``click``, ``knock`` (a door slammed or a
+knock on a table: a few low, fast-decaying thumps). These are shaped noise and tones, not
+recordings; the labels say ``synthetic``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ def synthetic(kind: str, variant: int, duration_ms: float = 4000.0) -> Floats:
         x[4] = 1.0
         x[5:9] = -0.6
         x += 0.2 * rng.standard_normal(m) * _env(m, 1, 30)
+    elif kind == "knock":
+        hits = int(rng.integers(1, 4))
+        gap = rng.uniform(0.12, 0.3)
+        m = int((hits * gap + 0.35) * RATE)
+        x = np.zeros(m)
+        t = np.arange(int(0.35 * RATE)) / RATE
+        for k in range(hits):
+            a = int(k * gap * RATE)
+            f0 = rng.uniform(60.0, 180.0)  # the panel's or the table's resonance
+            thump = np.sin(2 * np.pi * f0 * t) * np.exp(-t / rng.uniform(0.02, 0.08))
+            rattle = _coloured(rng, len(t), 1.5) / 4 * np.exp(-t / rng.uniform(0.01, 0.05))
+            x[a : a + len(t)] += (thump + rattle) * (0.7 ** k)
     else:
         raise ValueError(f"unknown synthetic sound kind {kind!r}")
     level = active_level_dbfs(x)

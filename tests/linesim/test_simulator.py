@@ -22,6 +22,7 @@ from linesim import (
     ConditionError,
     VoiceLibrary,
     generate,
+    impacts_grid,
     simulate_call,
     small_grid,
     synthetic_split,
@@ -57,7 +58,7 @@ def _check_wav(path: Path, n_samples: int) -> None:
     assert data[50:54] == b"data" and struct.unpack("<I", data[54:58])[0] == n_samples
 
 
-@pytest.mark.parametrize("cond", small_grid()[::3], ids=lambda c: c.name)
+@pytest.mark.parametrize("cond", small_grid()[::3] + impacts_grid()[1:2], ids=lambda c: c.name)
 def test_files_follow_the_corpus_format(cond: Condition, library: VoiceLibrary,
                                         tmp_path: Path) -> None:
     call = simulate_call(cond, split="check", seed=3, index=1, library=library, name="rec")
@@ -211,6 +212,29 @@ def test_caller_onset_and_level_are_placed_as_labelled(library: VoiceLibrary) ->
         assert post - pre >= 8, (behaviour, pre, post)
 
 
+def test_impacts_are_loud_bursts_in_every_bot_turn(library: VoiceLibrary) -> None:
+    """``impacts``: 1-3 bursts in each bot turn (knocks among them), each labelled where the
+    inbound audio holds it, at most 4 dB louder than ``transients``."""
+    kinds: set[str] = set()
+    for index in range(4):
+        call = simulate_call(Condition(erl_db=35, delay_ms=0, background="impacts",
+                                       behaviour="echo_only"),
+                             split="train", seed=1, index=index, library=library)
+        bursts = [e for e in call.labels["events"] if e["kind"] == "noise"
+                  and e["noise_type"] not in ("caller_room_tone", "room")]
+        x = decode_ulaw(call.inbound)
+        for turn in call.labels["bot_turns"]:
+            inside = [e for e in bursts if turn["start_ms"] <= e["start_ms"] < turn["end_ms"]]
+            assert 1 <= len(inside) <= 3, (index, turn, bursts)
+        for e in bursts:
+            kinds.add(e["noise_type"])
+            a, b = int(e["start_ms"] * 8), int(e["end_ms"] * 8)
+            peak = 20 * np.log10(np.max(np.abs(x[a:b])) + 1e-9)
+            # a -40 dBFS breath peaks over -34; a -20 dBFS cough or click under about 0
+            assert -34.0 <= peak <= e["peak_dbfs"] + 1.0 and e["peak_dbfs"] <= 0.0, e
+    assert "knock" in kinds and kinds <= {"cough", "laugh", "knock", "click", "breath"}
+
+
 def test_the_second_turn_behaviour_barges_into_a_later_turn(library: VoiceLibrary) -> None:
     for index in range(3):
         labels = simulate_call(Condition(behaviour="second_turn"), split="train", seed=1,
@@ -221,7 +245,7 @@ def test_the_second_turn_behaviour_barges_into_a_later_turn(library: VoiceLibrar
 
 
 def test_condition_names_round_trip_and_bad_ones_say_why() -> None:
-    for cond in small_grid():
+    for cond in small_grid() + impacts_grid():
         assert Condition.parse(cond.name) == cond
     with pytest.raises(ConditionError, match="background must be one of"):
         Condition.parse("erl20-d150-none-none-disco-barge_in")

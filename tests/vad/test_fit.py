@@ -5,7 +5,6 @@ stop the way the evaluator does."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,10 +66,11 @@ def test_score_reads_the_first_stop_as_the_evaluator(onset: float, detected: int
 
 @pytest.mark.slow
 def test_shipped_file_is_what_the_fit_produces() -> None:
-    """Re-run the search on the logged train windows (bench/data/fit_windows_train.npz, from
-    ``python -m bench.fit_bargein`` with the file's source settings) and get the file back."""
-    windows = Path(fit_bargein.__file__).parent / "data" / "fit_windows_train.npz"
-    log = fit_bargein._load(windows)
+    """Re-run the search on the logged train windows (bench/data/fit_windows_train.npz and
+    fit_windows_impacts.npz, from ``python -m bench.fit_bargein`` with the file's source
+    settings) and get the file back."""
+    assert FIT["source"]["grids"] == list(fit_bargein.GRIDS)
+    log = fit_bargein.load_windows()
     got = fit_bargein.fit(log, candidates=FIT["candidates"], seed=FIT["seed"],
                           passes=FIT["passes"])
     assert got["params"] == FIT["params"]
@@ -94,7 +94,7 @@ def test_logs_of_several_seeds_fit_as_one() -> None:
 def test_the_shipped_classifier_is_what_its_training_code_produces() -> None:
     """vad/bargein_classifier.json is ``python -m bench.fit_classifier``'s network, trained on
     the train windows log (the weights as written, to their last digit)."""
-    x, y, w, _ = fit_classifier.inputs(fit_bargein._load(fit_classifier.WINDOWS))
+    x, y, w, _ = fit_classifier.inputs(fit_bargein.load_windows(fit_classifier.WINDOWS))
     model = fit_classifier.train(x, y, w, seed=CLASSIFIER["seed"])
     assert model.to_json() == CLASSIFIER["model"]
     assert CallerClassifier.shipped().to_json() == CLASSIFIER["model"]

@@ -125,6 +125,44 @@ def test_echo_veto_on_locked_lines_is_a_setting() -> None:
                                 clean_prob=0.02)
 
 
+# A cough into the phone while the bot talks: 40 dB over the predicted echo, bot audio in the
+# lag range, Silero on the raw window still hearing the bot's speech under it.
+BURST = GateReading(level_db=-14.0, echo_db=-54.0, noise_db=-62.0, echo_locked=True,
+                    passes=True, ref_db=-16.0, erl_db=35.0, unexplained_db=-14.5)
+UNVOICED = WindowFeatures(voicing=0.2, dtmf=0.05)
+
+
+def test_a_loud_unvoiced_burst_the_canceller_does_not_hear_is_not_the_caller() -> None:
+    policy = BargeInPolicy(replace(HAND, impulse_voicing=0.35, impulse_db=15.0))
+    assert not policy.is_caller(0.98, BURST, UNVOICED, clean_prob=0.02)
+    for _ in range(10):  # a long burst neither starts speech nor pauses the bot
+        assert policy.step(0.98, BURST, UNVOICED, BotState.INTERRUPTIBLE, clean_prob=0.02) == []
+    assert not policy.in_speech
+
+
+@pytest.mark.parametrize(("gate", "feat", "clean"), [
+    (BURST, VOICED, 0.02),  # voiced: a caller's first vowel
+    (BURST, UNVOICED, 0.6),  # the cancelled window is speech
+    (BURST, UNVOICED, None),  # no canceller in front
+    (replace(BURST, echo_free=True), UNVOICED, 0.02),  # no echo on this line
+    (replace(BURST, ref_db=-100.0), UNVOICED, 0.02),  # no bot audio in the lag range
+], ids=["voiced", "cancelled-speech", "no-canceller", "echo-free", "bot-silent"])
+def test_the_burst_veto_stands_aside(gate: GateReading, feat: WindowFeatures,
+                                     clean: float | None) -> None:
+    assert BargeInPolicy(replace(HAND, impulse_voicing=0.35)).is_caller(0.98, gate, feat,
+                                                                       clean_prob=clean)
+
+
+def test_the_burst_veto_looks_only_far_over_the_echo_and_only_when_set() -> None:
+    under = replace(BURST, level_db=-42.0, unexplained_db=-42.5)  # 12 dB over the echo
+    assert BargeInPolicy(replace(HAND, impulse_voicing=0.35, impulse_db=10.0)).is_caller(
+        0.98, replace(under, echo_locked=False), VOICED, clean_prob=0.5)
+    assert not BargeInPolicy(replace(HAND, impulse_voicing=0.35, impulse_db=10.0)).is_caller(
+        0.98, under, UNVOICED, clean_prob=0.02)
+    assert BargeInPolicy(replace(HAND, impulse_voicing=None)).is_caller(
+        0.98, BURST, UNVOICED, clean_prob=0.02)
+
+
 def test_a_key_tone_never_opens_a_caller_turn() -> None:
     """Silero calls a DTMF tone speech (p ~1) and it passes the gate; it still opens no turn,
     stops no bot, and a burst of keys between words does not keep a turn open."""
