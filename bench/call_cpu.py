@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import gc
 import json
 import os
@@ -63,11 +64,12 @@ class _Timed(Generic[_P, _R]):
 
 async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
                   runtime: str = "auto", max_wait_ms: float = 5.0,
-                  echo_canceller: str | None = None, bot_silent: bool = False
-                  ) -> dict[str, Any]:
+                  echo_canceller: str | None = None, bot_silent: bool = False,
+                  classifier: str | None = None) -> dict[str, Any]:
     """N calls for ``seconds`` of media time; CPU figures per call-second. ``runtime`` and
     ``max_wait_ms``: the engine's, as ``callgate serve`` sets them by default.
     ``echo_canceller``: ``aec3`` or ``off`` (barge_in.echo_canceller); None: the default.
+    ``classifier``: ``fitted`` or ``off`` (barge_in.classifier); None: the default.
     ``bot_silent``: the bot never talks (what an echo canceller costs a call it cannot help)."""
     from bus import EmbeddedBus
     from gateway import twilio_protocol as tp
@@ -108,6 +110,10 @@ async def measure(n: int, seconds: float, recordings: Path = RECORDINGS, *,
 
     settings = (CallSettings() if echo_canceller is None
                 else CallSettings(echo_canceller=AecMode(echo_canceller)))
+    if classifier is not None:
+        settings = dataclasses.replace(settings, barge_in=(
+            settings.barge_in.with_fitted_classifier() if classifier == "fitted"
+            else settings.barge_in.without_classifier()))
     calls = []
     for i in range(n):
         name = names[i % len(names)]
@@ -188,24 +194,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--echo-canceller", default=None,
                    help="comma-separated barge_in.echo_canceller values to compare in one run "
                         "(off,aec3); default: the configured one")
+    p.add_argument("--classifier", default=None,
+                   help="comma-separated barge_in.classifier values to compare in one run "
+                        "(off,fitted); default: the configured one")
     p.add_argument("--bot-silent", action="store_true", help="the bot never talks")
     args = p.parse_args(argv)
-    modes = (args.echo_canceller.split(",") if args.echo_canceller else [None])
-    if any(m not in (None, "off", "aec3") for m in modes):
+    echo_modes = (args.echo_canceller.split(",") if args.echo_canceller else [None])
+    if any(m not in (None, "off", "aec3") for m in echo_modes):
         p.error(f"--echo-canceller takes off and/or aec3, got {args.echo_canceller!r}")
+    classifiers = (args.classifier.split(",") if args.classifier else [None])
+    if any(c not in (None, "off", "fitted") for c in classifiers):
+        p.error(f"--classifier takes off and/or fitted, got {args.classifier!r}")
+    modes = [(m, c) for m in echo_modes for c in classifiers]
     if hasattr(os, "sched_getaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     rows = []
     print("calls | VAD batch (N up to 128) | ms CPU per call-second | x first N | Silero | gate+features "
           "| engine rest | call logic + driver")
-    for mode, n in ((m, n) for m in modes for n in args.calls):
+    for (mode, cls), n in ((m, n) for m in modes for n in args.calls):
         r = asyncio.run(measure(n, args.seconds, runtime=args.runtime, echo_canceller=mode,
-                                bot_silent=args.bot_silent))
+                                bot_silent=args.bot_silent, classifier=cls))
         r["echo_canceller"] = mode or "default"
+        r["classifier"] = cls or "default"
         rows.append(r)
         r["x_first"] = r["ms_per_call_second"] / rows[0]["ms_per_call_second"]
         if len(modes) > 1:
-            print(f"echo_canceller={mode}: ", end="")
+            print(f"echo_canceller={mode or 'default'} classifier={cls or 'default'}: ", end="")
         print(f"{n:5d} | {r['mean_batch']:23.1f} | {r['ms_per_call_second']:22.2f} | "
               f"{r['x_first']:8.2f}x | "
               f"{r['silero_ms']:6.2f} | {r['gate_features_ms']:13.2f} | {r['engine_rest_ms']:11.2f} "

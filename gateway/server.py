@@ -695,7 +695,8 @@ def call_settings_from(barge_in: Any, turn: Any = None) -> CallSettings:
                                    b.speech_over_uninterruptible))
     return CallSettings(
         turn=TurnSettings(**turn.model_dump()) if turn is not None else TurnSettings(),
-        barge_in=decision.with_fitted_classifier() if b.classifier == "fitted" else decision,
+        barge_in=(decision.with_fitted_classifier() if b.classifier == "fitted"
+                  else decision.without_classifier()),
         echo=EchoGateSettings(echo_margin_db=b.echo_margin_db, noise_margin_db=b.noise_margin_db),
         echo_canceller=AecMode(b.echo_canceller),
         playback_lead_ms=b.playback_lead_ms,

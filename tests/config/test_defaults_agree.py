@@ -21,7 +21,7 @@ BARGE_IN_CHANGES: dict[str, Any] = {
     "resume_on_backchannel": False, "echo_margin_db": 9.0, "noise_margin_db": 7.0,
     "band_snr_db": 99.0, "playback_lead_ms": 300.0, "playback_chunk_ms": 80,
     "dtmf_interrupts": False, "echo_canceller": "off", "speech_over_uninterruptible": "drop",
-    "classifier": "fitted",
+    "classifier": "off",
 }
 TURN_CHANGES: dict[str, Any] = {
     "mode": "silence", "patience": 1.5, "min_wait_ms": 600.0, "max_wait_ms": 3000.0,
@@ -54,8 +54,8 @@ def test_each_turn_field_reaches_the_call_settings(name: str) -> None:
 
 
 def test_the_fitted_classifier_is_the_files_thresholds() -> None:
-    """``classifier: fitted`` turns on the thresholds bench.fit_classifier wrote beside the
-    weights; YAML's bare ``off`` (false) is off."""
+    """``classifier: fitted`` (the default) turns on the thresholds bench.fit_classifier wrote
+    beside the weights; YAML's bare ``off`` (false) is off."""
     import json
 
     from vad._policy import CLASSIFIER_FILE
@@ -66,5 +66,7 @@ def test_the_fitted_classifier_is_the_files_thresholds() -> None:
             ("classifier_on", "classifier_windows", "classifier_veto")} == params
     assert fitted.classifier_on is not None and fitted.classifier_veto is not None
     assert BargeInConfig(classifier=False).classifier == "off"  # type: ignore[arg-type]
+    off = call_settings_from(BargeInConfig(classifier="off")).barge_in
+    assert off.classifier_on is None and off.classifier_veto is None
     with pytest.raises(ValueError, match="classifier"):
         BargeInConfig(classifier="on")  # type: ignore[arg-type]

@@ -102,11 +102,15 @@ def test_the_shipped_classifier_is_what_its_training_code_produces() -> None:
 
 def test_the_classifier_file_records_its_fitted_thresholds() -> None:
     """The fitted fast path and veto beat the classifier off on train first stops (out of
-    fold); they are not the defaults (docs/bargein.md: a dev-set gate fails with them)."""
+    fold), and they are the defaults."""
     settings = BargeInSettings()
-    assert settings.classifier_on is None and settings.classifier_veto is None
     assert set(CLASSIFIER["params"]) == set(fit_classifier.SEARCH)
+    for key, value in CLASSIFIER["params"].items():
+        assert getattr(settings, key.split(".", 1)[1]) == value, key
+    assert settings.with_fitted_classifier() == settings
     assert CLASSIFIER["params"]["barge_in.classifier_on"] is not None
+    off = settings.without_classifier()
+    assert off.classifier_on is None and off.classifier_veto is None
     scores = CLASSIFIER["first_stop_out_of_fold"]
     assert fit_bargein.objective(scores["with"]) > fit_bargein.objective(scores["without"])
     assert scores["objective"] == round(fit_bargein.objective(scores["with"]), 4)

@@ -748,13 +748,27 @@ def test_the_classifier_fast_path_guards(gate: GateReading, feat: WindowFeatures
 
 
 def test_the_classifier_veto_holds_a_window_the_paths_take() -> None:
-    def run(score: float) -> list[Decision]:
+    echoing = replace(CALLER, ref_db=-16.0, erl_db=30.0, echo_db=-46.0)  # bot audio in range
+
+    def run(score: float, gate: GateReading = echoing) -> list[Decision]:
         policy = BargeInPolicy(BargeInSettings(classifier_veto=0.1), _sure(score))
         return kinds([d for _ in range(3)
-                      for d in policy.step(0.95, CALLER, VOICED, PLAYING, clean_prob=0.9)])
+                      for d in policy.step(0.95, gate, VOICED, PLAYING, clean_prob=0.9)])
 
     assert run(0.05) == []
     assert run(0.5) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    # With no bot audio in the echo's lag range the classifier has no say (the turn detector
+    # reads these runs): the paths alone decide.
+    assert run(0.05, CALLER) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_the_classifier_fast_path_waits_for_bot_audio_in_the_lag_range() -> None:
+    silent = replace(HELD_BY_PATHS, ref_db=-100.0, passes=True)  # features computed, no path
+    assert wants_features(silent, -55.0)
+    assert not BargeInPolicy(HAND).is_caller(0.05, silent, VOICED, clean_prob=0.1)
+    policy = BargeInPolicy(FAST, _sure(0.99))
+    assert _fast(policy, 10, PLAYING, gate=silent) == []
+    assert policy.score == pytest.approx(0.99)  # stepped all the same
 
 
 def test_classifier_windows_below_one_is_refused() -> None:
