@@ -376,9 +376,11 @@ def load_windows(paths: tuple[Path, ...] = WINDOWS) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from linesim import GRIDS as SIMULATOR_GRIDS, grid, iter_calls
+
     ap = argparse.ArgumentParser(prog="python -m bench.fit_bargein", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", choices=("small", "impacts", "full"), action="append",
+    ap.add_argument("--grid", choices=tuple(SIMULATOR_GRIDS), action="append",
                     help="a grid whose calls are logged; repeatable, each with its own "
                          f"--windows (default: {' and '.join(GRIDS)})")
     ap.add_argument("--calls-per-point", type=int, default=4)
@@ -399,8 +401,6 @@ def main(argv: list[str] | None = None) -> int:
     logs = []
     for name, path in zip(grids, paths, strict=True):
         if not path.exists():
-            from linesim import grid, iter_calls
-
             conditions = grid(name)
             _save(_concat([log_windows(list(iter_calls(
                 conditions, split="train", seed=seed,

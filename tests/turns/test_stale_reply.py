@@ -160,6 +160,12 @@ class _Race:
         return [e for e in self.worker_bus.uplink_seen if e.get("type") == kind
                 and all(e.get(k) == v for k, v in match.items())]
 
+    def finals(self) -> list[Event]:
+        """The final transcripts on the uplink: a streaming interim one (``final: false``, no
+        reply asked) may come before a turn's while the caller talks, as the STT stream's
+        iterator and the frames interleave (under load: 2 runs in 20 on the 2-core machine)."""
+        return [e for e in self.uplink("transcript") if e.get("final", True)]
+
     def starts(self) -> list[bp.UtteranceStart]:
         assert self.worker_bus is not None
         return [s for s in (bp.decode(e) for e in self.worker_bus.downlink_sent)
@@ -222,10 +228,7 @@ class _Race:
     def check_the_race(self) -> tuple[Event, bp.UtteranceStart]:
         """The first turn's reply was made before the worker read the interrupt that cancelled
         its turn (``utterance_id`` null: nothing had come yet); returns (turn, reply)."""
-        # The first *final* transcript: a streaming interim one (``final: false``, no reply
-        # asked) may come before it while the caller talks, as the STT stream's iterator and
-        # the frames interleave (under load: 2 runs in 20 on the 2-core machine).
-        first = next(e for e in self.uplink("transcript") if e.get("final", True))
+        first = self.finals()[0]
         cancel = self.uplink("interrupt")[0]
         assert bp.decode(cancel) == bp.Interrupt(utterance_id=None, heard_ms=0.0,
                                                  heard_text="", reason=self.reason or "speech",
@@ -284,7 +287,7 @@ async def test_a_non_interruptible_reply_to_a_cancelled_turn_plays_and_the_next_
     assert undone[0]["utterance_id"] == stale.utterance_id and undone[0]["reason"] == "resumed"
     # The cancelled turn was answered after all: the caller's next words are a turn of their
     # own, not the whole turn replacing it.
-    after = bp.decode([e for e in race.uplink("transcript") if e.get("final", True)][1])
+    after = bp.decode(race.finals()[1])
     assert after == bp.Transcript(text="what is my", t_ms=after.t_ms)  # type: ignore[union-attr]
     assert race.node is not None
     assert {"role": "assistant", "content": STALE} in race.node.context.messages
