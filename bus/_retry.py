@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio.retry import Retry
 from redis.backoff import AbstractBackoff, ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # The buffer, ops and retry factories are the Redis bus's internals; the policy is public.
@@ -81,9 +82,11 @@ def make_retry(retries: int, base_s: float, cap_s: float) -> Retry:
     return Retry(
         make_backoff(base_s, cap_s),
         retries,
-        # redis-py types supported_errors as RedisError subclasses but catches any class given;
-        # OSError is the socket's own error, raised before redis-py wraps it.
-        supported_errors=(RedisConnectionError, RedisTimeoutError, OSError),  # type: ignore[arg-type]
+        # redis-py before 8 types supported_errors as RedisError subclasses (8 as any exception
+        # class) but catches any class given; OSError is the socket's own error, raised before
+        # redis-py wraps it. The cast type-checks under both (redis is not pinned).
+        supported_errors=cast("tuple[type[RedisError], ...]",
+                              (RedisConnectionError, RedisTimeoutError, OSError)),
     )
 
 
