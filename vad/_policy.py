@@ -25,8 +25,8 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    caller is silent, the window that would begin their run must stand ``prior_margin_db`` over
    the echo the line's 160 ms before it predict for it, at whatever delay and loss they show (an
    echo path that has just changed, which the locked delay and AEC3 have not followed yet).
-   With an echo canceller in front, and where the settings ask for it (off by default), a
-   small fitted network (:class:`CallerClassifier`) has the last word: a window it scores
+   With an echo canceller in front, and where the settings ask for it (on by default since
+   session 12; YAML ``classifier: off``), a small fitted network (:class:`CallerClassifier`) has the last word: a window it scores
    ``classifier_on`` is the caller whatever the paths say, one the paths take that it scores
    under ``classifier_veto`` is not.
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
@@ -35,7 +35,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    starts, the bot is **paused** at once (Twilio ``clear``); this is the low-latency stop. The
    interrupt is **committed** (the agent is told to drop its reply) only once the caller has
    talked for ``commit_ms``. If the caller stops sooner, it was a backchannel ("uh-huh", "yes") or
-   a noise, and playback **resumes** from what the caller actually heard. A *non-interruptible*
+   a noise, and playback **resumes** from what the caller actually heard. In a pause, with none
+   of the bot's audio left in the echo's lag range, a window Silero still calls speech is no
+   stop (``pause_hold_windows``): the dip between two of the caller's words. A *non-interruptible*
    utterance is never paused: speech over it is reported once as suppressed.
 
 4. **What becomes of the caller's words?** Speech that ended in a resume was a backchannel and
@@ -315,6 +317,18 @@ class BargeInSettings:
     resume_windows: int | None = None
     """Non-speech windows in a row that end a *pause* in a resume (the audible gap a
     backchannel leaves is the rest of the backchannel plus this wait). None: ``stop_windows``."""
+    pause_hold_windows: int | None = 10
+    """While the bot is paused for the caller and none of its audio is in the echo's lag range
+    (nothing on the line can be its echo), a window Silero still hears as speech (``p_on``, on
+    the echo-cancelled audio too) that the gate fails, over ``band_min_level_dbfs``, does not
+    count towards the resume: the dip between two words, which the gate's floor (learnt from the
+    echo while the bot talked: -44 dBFS over a -60 dBFS room) fails. At most this many such
+    windows since the last speech window (then they count as quiet: a TV or babble that Silero
+    hears holds a false pause this much longer, never for good). They hold the pause only, they
+    are no speech towards ``commit_ms``: counted, babble's false pauses were committed (check
+    split: 3 of 8 babble barge-in calls given a false interrupt). Without it the check split's
+    barge-ins were resumed over on 40 of 80 calls, the bot talking on between a caller's words
+    (session 13, docs/bargein.md). None: off, every gated-out window counts."""
     carry_ms: float | None = None
     """A pause that starts within this long of the last resume goes on counting that pause's
     speech towards ``commit_ms``: a caller pausing between words is one barge-in, not a row of
@@ -632,6 +646,7 @@ class BargeInPolicy:
         self._quiet = 0  # consecutive non-speech windows while speaking
         self._speech_ms = 0.0  # speech since the pause
         self._paused_ms = 0.0
+        self._held_run = 0  # windows held by Silero alone since the last speech one (a pause's)
         self._suppressed_this_turn = False
         self._window = 0  # index of the window being stepped
         self._turn_levels: list[float] = []  # levels of this turn's caller windows
@@ -959,7 +974,14 @@ class BargeInPolicy:
             return out
 
         # The caller is talking (SPEAKING, PAUSED or INTERRUPTED).
-        self._quiet = 0 if speechy else self._quiet + 1
+        held = (not speechy and self.state is PolicyState.PAUSED
+                and self._held_by_silero(prob, gate, feat, clean_prob))
+        if speechy:
+            self._quiet = self._held_run = 0
+        elif held:
+            self._held_run += 1  # the quiet count stands still
+        else:
+            self._quiet += 1
         if self.state is PolicyState.SPEAKING:
             if (view.audible is BotState.NON_INTERRUPTIBLE and not self._suppressed_this_turn
                     and caller):
@@ -970,7 +992,7 @@ class BargeInPolicy:
                 self._pause(out, view, blocked=False)
         elif self.state is PolicyState.PAUSED:
             self._paused_ms += WINDOW_MS
-            if caller:
+            if caller:  # (a held window is no speech: counted, babble committed false pauses)
                 self._speech_ms += WINDOW_MS
             if self._speech_ms >= s.commit_ms or (
                 self._paused_ms >= s.max_pause_ms and self._quiet < s.stop_windows
@@ -989,6 +1011,17 @@ class BargeInPolicy:
         if self._quiet >= s.stop_windows:
             self._stopped(out)
         return out
+
+    def _held_by_silero(self, prob: float, gate: GateReading, feat: WindowFeatures,
+                        clean_prob: float | None) -> bool:
+        """``pause_hold_windows``: Silero still hears the caller, with none of the bot's audio in
+        the echo's lag range, on a window the gate failed (the caller between two words); at
+        most that many since the last speech window."""
+        s = self.settings
+        return (s.pause_hold_windows is not None and self._held_run < s.pause_hold_windows
+                and gate.ref_db <= _NO_ECHO_DB and prob >= s.p_on
+                and (clean_prob is None or clean_prob >= s.p_on)
+                and gate.level_db >= s.band_min_level_dbfs and feat.dtmf < s.dtmf_max)
 
     def on_dtmf(self, bot: BotView) -> list[Effect]:
         """A key press arrived (Twilio's ``dtmf`` message): with ``dtmf_interrupts`` it stops the
@@ -1050,5 +1083,6 @@ class BargeInPolicy:
         self._quiet = 0
         self._speech_ms = 0.0
         self._paused_ms = 0.0
+        self._held_run = 0
         self._holding, self._held_id = False, None
         self._over_uninterruptible = False

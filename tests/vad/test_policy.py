@@ -352,6 +352,42 @@ def test_carry_ms_counts_a_pause_after_a_quick_resume_as_the_same_barge_in() -> 
     assert Decision.COMMIT not in run(BargeInPolicy(BargeInSettings(carry_ms=300.0)), 12)
 
 
+# Session 13. The caller reading on while the bot is paused, between two words: the bot's audio
+# is out of the echo's lag range, Silero hears speech on both streams, and the gate's floor
+# (learnt from the echo while the bot talked) fails the window.
+DIP = GateReading(level_db=-46.0, echo_db=-100.0, noise_db=-44.0, echo_locked=True,
+                  passes=False, ref_db=-100.0)
+
+
+def _dip(policy: BargeInPolicy, windows: int, gate: GateReading = DIP) -> list[Effect]:
+    return [d for _ in range(windows)
+            for d in policy.step(0.99, gate, VOICED, HELD, clean_prob=0.99)]
+
+
+def test_a_pause_is_held_over_the_dip_between_two_words() -> None:
+    """``pause_hold_windows``: in a pause, windows Silero still calls speech with nothing of the
+    bot's audio in the lag range do not count towards the resume, so the caller's next word
+    goes on counting towards the commit; at most that many since the last speech window, and
+    not while the bot's audio can still echo."""
+    policy = BargeInPolicy(HAND)
+    assert kinds(_talk(policy, 2, PLAYING)) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert _talk(policy, 8, HELD) + _dip(policy, 8) == []  # 160 ms of dip: no resume
+    assert kinds(_talk(policy, 10, HELD)) == [Decision.COMMIT]  # 640 ms of speech
+    off = BargeInPolicy(replace(HAND, pause_hold_windows=None))
+    _talk(off, 10, PLAYING)
+    assert kinds(_dip(off, 5)) == [Decision.RESUME, Decision.SPEECH_STOPPED]
+    # A background Silero hears holds a false pause 10 windows longer, never for good.
+    capped = BargeInPolicy(HAND)
+    _talk(capped, 2, PLAYING)
+    assert _dip(capped, 14) == []
+    assert kinds(_dip(capped, 1)) == [Decision.RESUME, Decision.SPEECH_STOPPED]
+    # The bot's audio still in the lag range: that may be its echo's tail, no hold.
+    echoing = BargeInPolicy(HAND)
+    _talk(echoing, 2, PLAYING)
+    assert kinds(_dip(echoing, 5, replace(DIP, ref_db=-20.0, erl_db=20.0))) == [
+        Decision.RESUME, Decision.SPEECH_STOPPED]
+
+
 # A caller as loud as a strong echo: 4 dB over the predicted echo and the noise floor (the raw
 # gate's 8/6 dB margins fail it), while the bot talks; AEC3 has removed the echo.
 OVER_ECHO = GateReading(level_db=-26.0, echo_db=-30.0, noise_db=-30.0, echo_locked=True,
