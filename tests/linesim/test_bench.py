@@ -127,3 +127,26 @@ def test_closed_loop_echo_stops_when_the_bot_is_cut_off(library: VoiceLibrary) -
              if turn["start_ms"] + 200 <= a["t_ms"] <= turn["start_ms"] + 400]
     diffs = [abs(a - b) for a, b in first]  # type: ignore[operator]
     assert diffs and sum(diffs) / len(diffs) <= 1.0 and max(diffs) <= 4.0
+
+
+def test_a_caller_reading_on_through_a_pause_is_not_resumed_over(library: VoiceLibrary) -> None:
+    """``pause_hold_windows`` on a closed-loop replay (session 13): a caller talks on over a
+    6 dB echo; in the pause the dips between their words fail a noise floor the echo raised
+    while Silero still hears them. Without the hold the bot resumed over them (train seed 1,
+    call 2: five times); with it, not once, and the barge-in is detected either way."""
+    hold, nohold = VARIANTS["configured"], parse_variant("nohold:barge_in.pause_hold_windows=null")
+    report = run_bench(split="train", conditions=[Condition(erl_db=6, delay_ms=150)],
+                       calls_per_point=3, seed=1, variants=[hold, nohold], concurrency=3,
+                       library=library)
+    calls = {(c["verdict"]["name"], c["variant"]): c for c in report["calls"]}
+    name = next(n for n, _ in calls if n.startswith("sim_train_s1_00002_"))
+
+    def resumed_over(variant: str) -> int:
+        c = calls[(name, variant)]
+        assert c["verdict"]["latency_ms"] is not None  # detected
+        return sum(at >= c["onset_ms"] - 50 for at, _ in c["pauses"])
+
+    assert resumed_over("nohold") >= 2
+    assert resumed_over("configured") == 0
+    agg = report["summary"]["variants"]
+    assert agg["configured"]["all"]["false_resumes"] <= agg["nohold"]["all"]["false_resumes"]
