@@ -26,9 +26,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    the echo the line's 160 ms before it predict for it, at whatever delay and loss they show (an
    echo path that has just changed, which the locked delay and AEC3 have not followed yet).
    With an echo canceller in front, and where the settings ask for it (on by default since
-   session 12; YAML ``classifier: off``), a small fitted network (:class:`CallerClassifier`) has the last word: a window it scores
-   ``classifier_on`` is the caller whatever the paths say, one the paths take that it scores
-   under ``classifier_veto`` is not.
+   session 12; YAML ``classifier: off``), a small fitted network (:class:`CallerClassifier`)
+   has the last word: a window it scores ``classifier_on`` is the caller whatever the paths
+   say, one the paths take that it scores under ``classifier_veto`` is not.
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -37,8 +37,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    talked for ``commit_ms``. If the caller stops sooner, it was a backchannel ("uh-huh", "yes") or
    a noise, and playback **resumes** from what the caller actually heard. In a pause, with none
    of the bot's audio left in the echo's lag range, a window Silero still calls speech is no
-   stop (``pause_hold_windows``): the dip between two of the caller's words. A *non-interruptible*
-   utterance is never paused: speech over it is reported once as suppressed.
+   stop (``pause_hold_windows``): the dip between two of the caller's words. A
+   *non-interruptible* utterance is never paused: speech over it is reported once as
+   suppressed.
 
 4. **What becomes of the caller's words?** Speech that ended in a resume was a backchannel and
    speech over a non-interruptible utterance is dropped when ``speech_over_uninterruptible`` is
@@ -992,7 +993,7 @@ class BargeInPolicy:
                 self._pause(out, view, blocked=False)
         elif self.state is PolicyState.PAUSED:
             self._paused_ms += WINDOW_MS
-            if caller:  # (a held window is no speech: counted, babble committed false pauses)
+            if caller:  # a held window is no speech (pause_hold_windows)
                 self._speech_ms += WINDOW_MS
             if self._speech_ms >= s.commit_ms or (
                 self._paused_ms >= s.max_pause_ms and self._quiet < s.stop_windows
