@@ -168,6 +168,12 @@ class GateReading:
     """How well that fit explains the hops it was fitted on: the share of their squared band
     energies it accounts for (0-1). Near 1 when the line's last 160 ms were the bot's echo
     alone, at whatever delay and loss; low when a caller (or a background) is in them."""
+    follow_corr: float = 0.0
+    """Read on a ghost copy only (``EchoGateBank.fork_row``: the bot's audio as if a pause had
+    not cleared it): how the inbound follows that audio at the delay locked before the pause,
+    as the Pearson correlation of their 8 ms log energies over the last ``explain_ms``, on the
+    hops where the reference is active (0 with fewer than half of them active, or no lock).
+    Near 1 when the line still carries the bot; a caller's voice does not follow it."""
 
     @property
     def over_echo_db(self) -> float:
@@ -206,6 +212,7 @@ class EchoGateBank:
     _floor_set: npt.NDArray[np.bool_]
     _refb: Floats
     _inbb: Floats
+    _ghost: npt.NDArray[np.bool_]
 
     def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = TELEPHONY_RATE) -> None:
         self.settings = s = settings or EchoGateSettings()
@@ -263,6 +270,9 @@ class EchoGateBank:
             ("_floor_set", (), False, np.bool_),
             ("_refb", (_RING, len(_EXPLAIN_BANDS)), 0.0, f64),  # reference energy per hop, band
             ("_inbb", (_INB, len(_EXPLAIN_BANDS)), 0.0, f64),  # inbound energy per hop, band
+            # A copy read through a pause (fork_row): its delay lock stands still, and it
+            # reports how the inbound follows its reference at that delay (follow_corr).
+            ("_ghost", (), False, np.bool_),
         ]
 
     def _alloc(self, rows: int) -> None:
@@ -286,6 +296,19 @@ class EchoGateBank:
         row = self._free.pop()
         self._reset(row)
         return row
+
+    def fork_row(self, row: int) -> int:
+        """A new row that starts as a copy of ``row``: its reference, inbound history, delay
+        lock, echo gain and floors. The gateway reads the bot's unplayed audio on such a copy
+        while a pause holds it back (``VadStream.fork_ghost``)."""
+        if not self._free:
+            self._alloc(self._rows * 2)
+        new = self._free.pop()
+        for name, *_ in self._row_state():
+            array = getattr(self, name)
+            array[new] = array[row]
+        self._ghost[new] = True
+        return new
 
     def close_row(self, row: int) -> None:
         self._free.append(row)
@@ -424,7 +447,7 @@ class EchoGateBank:
             self._sums[cr] = self._sums[cr] * decay[:, None, :] + add
             self._active_hops[cr] += active.any(axis=2).sum(axis=1)
             self._windows[cr] += 1
-            due = self._windows[cr] % 2 == 0
+            due = (self._windows[cr] % 2 == 0) & ~self._ghost[cr]
             if due.any():
                 self._update_lag(cr[due])
         self._last_active[rows] = np.where(fresh_active, h0 + nh - 1, self._last_active[rows])
@@ -457,6 +480,10 @@ class EchoGateBank:
         if corr.any():
             c = np.flatnonzero(corr)
             unexplained[c], prior[c], prior_fit[c] = self._unexplained(rows[c], h0[c], nh)
+        follow = np.zeros(b)
+        haunted = np.flatnonzero(self._ghost[rows] & locked)
+        if len(haunted):
+            follow[haunted] = self._follow(rows[haunted], h0[haunted] + nh, lag[haunted])
         # Hops now behind the lag range and the fit's history: zero them for the ring's next lap.
         gone = (((h0[:, None] + np.arange(nh)[None, :] - (nlag - 1) - self._kx) & _MASK)
                 + (rows * _RING)[:, None])
@@ -495,7 +522,26 @@ class EchoGateBank:
                                              ref_db.tolist(), erl.tolist(),
                                              echo_corr.tolist(), unexplained_db.tolist(),
                                              prior_db.tolist(), prior_fit.tolist(),
-                                             strict=True)]
+                                             follow.tolist(), strict=True)]
+
+    def _follow(self, rows: npt.NDArray[np.intp], end: npt.NDArray[np.int64],
+                lag: npt.NDArray[np.int64]) -> Floats:
+        """``GateReading.follow_corr`` of ghost ``rows`` whose inbound hops end before ``end``."""
+        s = self.settings
+        k = self._kx
+        hops = end[:, None] - k + np.arange(k)[None, :]  # (r, k): the last k inbound hops
+        inb = self._inbb[rows[:, None], hops & (_INB - 1)].sum(axis=2)
+        ref_db = self._ref_db[rows[:, None], (hops - lag[:, None]) & _MASK]
+        w = (ref_db > s.ref_active_dbfs).astype(np.float64)
+        n = w.sum(axis=1)
+        x = _db(np.maximum(inb, 1e-12))
+        nn = np.maximum(n, 1.0)
+        mx = (w * x).sum(axis=1) / nn
+        my = (w * ref_db).sum(axis=1) / nn
+        dx, dy = (x - mx[:, None]) * w, (ref_db - my[:, None]) * w
+        den = np.sqrt((dx * dx).sum(axis=1) * (dy * dy).sum(axis=1))
+        r = np.where(den > 1e-9, (dx * dy).sum(axis=1) / np.maximum(den, 1e-9), 0.0)
+        return np.where(n >= k // 2, r, 0.0)
 
     def _hop_bands(self, hops: Floats) -> Floats:
         """Energy per hop (rows of 64 samples) in each of the envelope fit's bands."""

@@ -124,6 +124,8 @@ class WindowResult:
         features: Voicing and DTMF-likeness of the window, computed only where the policy reads
             them: windows the gate passes, and voiced-band candidates on echo-free lines
             (:func:`vad._policy.wants_features`); elsewhere zeros. None without a gate.
+        ghost: The gate's reading of the window against the bot's audio as if a pause had not
+            cleared it (:meth:`VadStream.fork_ghost`); None where no such copy is kept.
     """
 
     index: int
@@ -131,6 +133,7 @@ class WindowResult:
     prob: float
     gate: GateReading | None = None
     features: WindowFeatures | None = None
+    ghost: GateReading | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +364,7 @@ class VadEngine:
         self._free_slots.append(stream._slot)
         bank = stream._bank
         if bank is not None:
+            stream.end_ghost()
             bank.close_row(stream._gate_row)
             if bank.open_rows == 0 and self._banks.get(bank.settings) is bank:
                 del self._banks[bank.settings]  # settings no call uses any more (a reload)
@@ -456,24 +460,28 @@ class VadEngine:
         self._context[slots] = x[:, -CONTEXT_SAMPLES:]
         self._batches += 1
         self._windows += n
-        gates, feats = self._hear(batch, slots, x)
-        for stream, prob, gate, feat in zip(batch, probs.tolist(), gates, feats, strict=True):
-            stream._deliver(prob, gate, feat)
+        gates, feats, ghosts = self._hear(batch, slots, x)
+        for stream, prob, gate, feat, ghost in zip(batch, probs.tolist(), gates, feats, ghosts,
+                                                   strict=True):
+            stream._deliver(prob, gate, feat, ghost)
 
     def _hear(self, batch: list[VadStream], slots: npt.NDArray[np.intp], x: npt.NDArray[np.float32]
-              ) -> tuple[list[GateReading | None], list[WindowFeatures | None]]:
-        """Echo/noise gates and features of the batch's gated streams, a bank at a time."""
+              ) -> tuple[list[GateReading | None], list[WindowFeatures | None],
+                         list[GateReading | None]]:
+        """Echo/noise gates and features of the batch's gated streams, a bank at a time, and
+        the readings of their ghost rows (:meth:`VadStream.fork_ghost`) in the same pass."""
         n = len(batch)
         gates: list[GateReading | None] = [None] * n
         feats: list[WindowFeatures | None] = [None] * n
+        ghosts: list[GateReading | None] = [None] * n
         if not self._banks:
-            return gates, feats
+            return gates, feats, ghosts
         by_bank: dict[EchoGateBank, list[int]] = {}
         for i, stream in enumerate(batch):
             if stream._bank is not None:
                 by_bank.setdefault(stream._bank, []).append(i)
         if not by_bank:
-            return gates, feats
+            return gates, feats, ghosts
         windows = x[:, CONTEXT_SAMPLES:]
         wide = windows.astype(np.float64)  # the precision gate and features compute in, once
         # One transform per window, read by the band floor and by the DTMF feature.
@@ -487,7 +495,20 @@ class VadEngine:
             mine = wide[sel]
             spectrum[sel] = power = hann_power(mine)
             floor = bank.settings.min_level_dbfs
-            readings = bank.process(rows, mine, adapt, power)
+            haunted = [k for k, s in enumerate(members) if s._ghost_row >= 0]
+            if haunted:  # the ghost rows hear the same windows and never learn from them
+                h = np.asarray(haunted, dtype=np.intp)
+                ghost_rows = np.fromiter((members[k]._ghost_row for k in haunted),
+                                         dtype=np.intp, count=len(haunted))
+                readings = bank.process(np.concatenate([rows, ghost_rows]),
+                                        np.concatenate([mine, mine[h]]),
+                                        np.concatenate([adapt, np.zeros(len(h), np.bool_)]),
+                                        np.concatenate([power, power[h]]))
+                for k, reading in zip(haunted, readings[len(idx):], strict=True):
+                    ghosts[idx[k]] = reading
+                readings = readings[: len(idx)]
+            else:
+                readings = bank.process(rows, mine, adapt, power)
             for i, reading in zip(idx, readings, strict=True):
                 gates[i] = reading
                 feats[i] = _NO_FEATURES
@@ -499,7 +520,7 @@ class VadEngine:
             for i, f in zip(passing, got, strict=True):
                 feats[i] = f
         self._tail[slots] = windows[:, -_TAIL:]
-        return gates, feats
+        return gates, feats, ghosts
 
 
 class VadStream:
@@ -519,6 +540,7 @@ class VadStream:
         "_done",
         "_engine",
         "_gate_row",
+        "_ghost_row",
         "_lifecycle",
         "_push_times",
         "_rd",
@@ -537,6 +559,7 @@ class VadStream:
         self._slot = slot
         self._bank = bank
         self._gate_row = gate_row
+        self._ghost_row = -1  # a copy of the gate's row kept through a pause (fork_ghost)
         self.gate_adapt = True
         """Whether the gate may learn from the next windows (echo gain, noise floor): set it
         False while the caller is known to be talking, so their voice is not learnt as echo."""
@@ -549,8 +572,9 @@ class VadStream:
         self._total = 0
         self._done = 0  # windows run so far
         self._claimed = 0  # windows promised to a process()/process_now() call
-        # (prob, gate, features) of windows _res_base, _res_base + 1, ...
-        self._results: list[tuple[float, GateReading | None, WindowFeatures | None]] = []
+        # (prob, gate, features, ghost) of windows _res_base, _res_base + 1, ...
+        self._results: list[tuple[float, GateReading | None, WindowFeatures | None,
+                                  GateReading | None]] = []
         self._res_base = 0
         self._waiters: deque[tuple[int, int, asyncio.Future[list[WindowResult]]]] = deque()
         # (window count after a push, loop time of that push): when the oldest pending window came.
@@ -647,6 +671,35 @@ class VadStream:
         if self._bank is not None and self._lifecycle is _StreamState.OPEN:
             self._bank.clear_reference_from(self._gate_row, sample)
 
+    def fork_ghost(self) -> None:
+        """Keep a copy of the gate as it is now (the bot's audio already sent included) before
+        a ``clear`` takes that audio off the real one, and read every next window on both
+        (``WindowResult.ghost``) until :meth:`end_ghost`. Feed the copy the audio the bot would
+        have played with :meth:`add_ghost_reference`: the barge-in policy asks of it whether
+        the line still carries the bot after the pause (``BargeInSettings.pause_echo_corr``).
+        A second fork replaces the first. Ignored on a closed or gate-less stream."""
+        if self._bank is None or self._lifecycle is not _StreamState.OPEN:
+            return
+        self.end_ghost()
+        self._ghost_row = self._bank.fork_row(self._gate_row)
+
+    def add_ghost_reference(self, start_sample: int, samples: npt.NDArray[np.floating]) -> None:
+        """Audio the bot would have played from inbound sample ``start_sample`` on, had the
+        pause not cleared it: for the ghost copy only. Ignored without one."""
+        if self._bank is not None and self._ghost_row >= 0:
+            self._bank.add_reference(self._ghost_row, start_sample, samples)
+
+    @property
+    def haunted(self) -> bool:
+        """Whether a ghost copy of the gate is being read (:meth:`fork_ghost`)."""
+        return self._ghost_row >= 0
+
+    def end_ghost(self) -> None:
+        """Stop reading the ghost copy and free its row. Idempotent."""
+        if self._bank is not None and self._ghost_row >= 0:
+            self._bank.close_row(self._ghost_row)
+        self._ghost_row = -1
+
     def reset(self) -> None:
         """Zero the recurrent state and context, as for a new call.
 
@@ -730,9 +783,10 @@ class VadStream:
         return self._push_times[0][1]
 
     def _deliver(self, prob: float, gate: GateReading | None = None,
-                 features: WindowFeatures | None = None) -> None:
+                 features: WindowFeatures | None = None, ghost: GateReading | None = None
+                 ) -> None:
         """The next window was run; record it and wake the ``process`` calls it completes."""
-        self._results.append((prob, gate, features))
+        self._results.append((prob, gate, features, ghost))
         done = self._done = self._done + 1
         times = self._push_times
         while times and times[0][0] <= done:
@@ -749,8 +803,8 @@ class VadStream:
         got = self._results[start - base : target - base]
         del self._results[: target - base]
         self._res_base = target
-        return [WindowResult(k, (k + 1) * WINDOW_SAMPLES, p, g, f)
-                for k, (p, g, f) in enumerate(got, start)]
+        return [WindowResult(k, (k + 1) * WINDOW_SAMPLES, p, g, f, h)
+                for k, (p, g, f, h) in enumerate(got, start)]
 
     def _close(self, error: StreamClosed, cause: BaseException | None = None) -> None:
         if self._lifecycle is _StreamState.CLOSED:

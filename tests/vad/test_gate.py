@@ -414,3 +414,121 @@ def test_silent_history_and_no_history_predict_no_echo() -> None:
     # ... and the same line with the default history does predict its echo.
     assert float(np.median([r.prior_fit for r in _gate_readings(echo, bot, 1.5)
                             if r.level_db > -45.0 and r.ref_db > -99.0])) >= 0.8
+
+
+def _paused_line(inbound_after: np.ndarray, pause_s: float = 2.0, seconds: float = 3.5
+                 ) -> tuple[list[GateReading], list[GateReading], EchoGateBank, int]:
+    """A line with the bot's echo 40 ms late, 12 dB down, that the gateway pauses (a clear) at
+    ``pause_s``: the real row loses the bot's audio from there, a ghost copy forked just before
+    the clear goes on hearing what the bot would have played. From the pause on the inbound is
+    ``inbound_after``. Returns the real and the ghost readings from the pause on, the bank and
+    the ghost's row."""
+    bot = _bot("echo_only_short_delay")
+    echo = _path_change_echo(bot, len(bot), 320, 320)
+    at = int(pause_s * 8000) // WINDOW * WINDOW
+    inbound = np.concatenate([echo[:at], inbound_after])[: int(seconds * 8000)]
+    bank = EchoGateBank()
+    row, ghost, sent = bank.open_row(), -1, 0
+    real: list[GateReading] = []
+    copy: list[GateReading] = []
+    for w in range(len(inbound) // WINDOW):
+        now = (w + 1) * WINDOW
+        if now - WINDOW == at:
+            ghost = bank.fork_row(row)
+            bank.clear_reference_from(row, at)
+        while sent < len(bot) and sent < now + LEAD:
+            chunk = bot[sent : sent + CHUNK]
+            if ghost < 0:
+                bank.add_reference(row, sent, chunk)
+            else:  # the audio the pause held back: for the copy only
+                bank.add_reference(ghost, sent, chunk)
+            sent += CHUNK
+        x = inbound[now - WINDOW : now].astype(np.float64)
+        if ghost < 0:
+            bank.process(np.array([row]), x[None, :], np.array([True]))
+            continue
+        r, g = bank.process(np.array([row, ghost]), np.stack([x, x]), np.array([True, False]))
+        real.append(r)
+        copy.append(g)
+    return real, copy, bank, ghost
+
+
+def test_a_ghost_copy_hears_whether_the_line_still_carries_the_bot_after_a_clear() -> None:
+    """``EchoGateBank.fork_row`` and ``GateReading.follow_corr`` (session 14): after a clear, a
+    copy of the gate fed the bot's unplayed audio sees an echo that goes on regardless (a
+    recorded line) follow that audio at the locked delay, r >= 0.8 in most windows once the
+    real row's lag range has drained; a caller talking on a line that did go quiet does not
+    follow it: by chance now and then (a 160 ms envelope), never for the five windows in a row
+    that end a pause (``stop_windows``). The real row never reports it."""
+    bot = _bot("echo_only_short_delay")
+    echo = _path_change_echo(bot, len(bot), 320, 320)
+    at = int(2.0 * 8000) // WINDOW * WINDOW
+    going_on, copy_on, bank, ghost = _paused_line(echo[at:])
+    assert bank.lag_hops(ghost) is not None  # the copy keeps the delay locked before the pause
+    drained = [g for r, g in zip(going_on, copy_on, strict=True)
+               if r.ref_db <= -99.0 and g.level_db > -45.0]
+    assert len(drained) >= 10
+    assert float(np.mean([g.follow_corr >= 0.8 for g in drained])) >= 0.6
+    assert all(r.follow_corr == 0.0 for r in going_on)
+    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
+    talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0)
+    voiced = [g for r, g in zip(talked, copy_talked, strict=True)
+              if r.ref_db <= -99.0 and g.level_db > -45.0]
+    assert len(voiced) >= 20
+    assert float(np.mean([g.follow_corr >= 0.8 for g in voiced])) <= 0.2
+    run = longest = 0
+    for g in copy_talked:
+        run = run + 1 if g.follow_corr >= 0.8 else 0
+        longest = max(longest, run)
+    assert longest < 5
+    # The copy's row is a row like any other: closed, it is handed out again.
+    rows = bank.open_rows
+    bank.close_row(ghost)
+    assert bank.open_rows == rows - 1
+
+
+async def test_an_engine_stream_reads_its_ghost_copy_only_while_it_keeps_one() -> None:
+    """``VadStream.fork_ghost``: from the fork to ``end_ghost`` every window also carries the
+    copy's reading (in the same batch as the real one, which forking does not change: the
+    same readings as a stream that never forked), the copy hears the unplayed audio fed to
+    it, and its row goes back to the bank."""
+    runtime = load_runtime("onnx")
+    bot = _bot("echo_only_short_delay")
+    echo = _path_change_echo(bot, len(bot), 320, 320)
+    at = int(2.0 * 8000) // WINDOW * WINDOW
+    end_at = int(3.0 * 8000) // WINDOW * WINDOW
+
+    async def run(fork: bool) -> list[tuple[GateReading, GateReading | None]]:
+        got: list[tuple[GateReading, GateReading | None]] = []
+        async with VadEngine(runtime=runtime) as engine:
+            stream = engine.open_stream(echo=EchoGateSettings())
+            bank = engine._banks[EchoGateSettings()]
+            sent = 0
+            for k in range(0, int(3.5 * 8000), WINDOW):
+                if k == at:
+                    if fork:
+                        stream.fork_ghost()
+                        assert stream.haunted and bank.open_rows == 2
+                    stream.clear_reference_from(at)
+                if k == end_at and fork:
+                    stream.end_ghost()
+                    assert not stream.haunted and bank.open_rows == 1
+                while sent < len(bot) and sent < k + WINDOW + LEAD:
+                    if k < at:
+                        stream.add_reference(sent, bot[sent : sent + CHUNK])
+                    else:
+                        stream.add_ghost_reference(sent, bot[sent : sent + CHUNK])
+                    sent += CHUNK
+                for r in await stream.process(echo[k : k + WINDOW].astype(np.float32)):
+                    assert r.gate is not None
+                    got.append((r.gate, r.ghost))
+            stream.close()
+            assert engine._banks == {}
+        return got
+
+    forked, plain = await run(True), await run(False)
+    assert [g for g, _ in forked] == [g for g, _ in plain]
+    assert all(h is None for _, h in plain)
+    ghosts = [(w, h) for w, (_, h) in enumerate(forked) if h is not None]
+    assert [w for w, _ in ghosts] == list(range(at // WINDOW, end_at // WINDOW))
+    assert max(h.follow_corr for _, h in ghosts) >= 0.9  # the echo goes on: it follows
