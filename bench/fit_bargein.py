@@ -139,11 +139,12 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
     original = BargeInPolicy.step
 
     def spy(self: Any, prob: float, gate: Any, feat: Any, bot: Any, *,
-            clean_prob: float | None = None) -> Any:
+            clean_prob: float | None = None, ghost: Any = None) -> Any:
+        # (No ghost is logged: this decision never pauses, so no gate copy is ever kept.)
         rows.append([self._window * 32.0 + 32.0, prob, -1.0 if clean_prob is None else clean_prob,
                      *(float(getattr(gate, k)) for k in _GATE), feat.voicing, feat.dtmf,
                      _BOT[getattr(bot, "audible", bot).value]])  # a BotView or a BotState
-        return original(self, prob, gate, feat, bot, clean_prob=clean_prob)
+        return original(self, prob, gate, feat, bot, clean_prob=clean_prob, ghost=ghost)
 
     async def run() -> None:
         # (`runtime` is argparse's, limited by its choices to the engine's runtimes.)

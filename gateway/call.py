@@ -370,19 +370,32 @@ class CallSession:
             # same engine, scored in the same batch): the policy's echo veto (vad/_policy.py).
             end = int(round(self._media_end_ms * TELEPHONY_RATE / 1000))
             cancelled.push(self._aec.process(end - len(samples), samples))
+        if stream.haunted:
+            self._haunt(stream)
         results = await stream.process(samples)
         clean = await cancelled.process(_NO_SAMPLES) if cancelled is not None else []
         for k, r in enumerate(results):
             assert r.gate is not None and r.features is not None
             p_clean = clean[k].prob if k < len(clean) else None
             for effect in self.policy.step(r.prob, r.gate, r.features, self._bot_view(),
-                                           clean_prob=p_clean):
+                                           clean_prob=p_clean, ghost=r.ghost):
                 await self._carry_out(effect)
             await self._turn_step(self.policy.in_speech, r.end_sample)
             if self.timeline.sampling:  # the ops stream's readings (gateway/ops.py)
                 self.timeline.sample(r.end_sample / 8, "in", prob=r.prob, gate=r.gate,
                                      state=self.policy.state.value)
         await self._pump()
+
+    def _haunt(self, stream: VadStream) -> None:
+        """Feed the gate's ghost copy what the paused utterance would be playing now
+        (``BargeInSettings.pause_echo_corr``); drop the copy once nothing is paused."""
+        unplayed = self.playback.unplayed(self._media_end_ms)
+        if unplayed is None:
+            stream.end_ghost()
+            return
+        if unplayed:  # back to back: one piece
+            stream.add_ghost_reference(int(round(unplayed[0][0] * TELEPHONY_RATE / 1000)),
+                                       ulaw_to_float32(b"".join(p for _, p in unplayed)))
 
     def _bot_view(self) -> BotView:
         """The bot's side of the line, for the policy: what is audible now, and the head
@@ -459,6 +472,8 @@ class CallSession:
                 # finished the utterance). The policy's Resume finds nothing paused then.
                 return
             out = self.playback.pause(now)
+            if self._stream is not None and self.settings.barge_in.pause_echo_corr is not None:
+                self._stream.fork_ghost()  # before the clear takes the audio sent off the gate
             await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,
                       text=u.text, heard_text=u.heard_text())

@@ -153,6 +153,9 @@ class Playback:
         self._retired: set[str] = set()
         self._seq = itertools.count(1)
         self.line_busy_until_ms = 0.0
+        # The paused utterance, its next byte and when that byte would have played, had the
+        # pause not held it back (``unplayed``).
+        self._unplayed: tuple[Utterance, int, float] | None = None
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -282,10 +285,34 @@ class Playback:
         out = Outcome(clear=True)
         u = self.current
         self._retire_pending()
-        self.line_busy_until_ms = now_ms
         if u is not None and u.state is UtteranceState.PLAYING:
+            self._unplayed = (u, u.sent, max(self.line_busy_until_ms, now_ms))
             u.state = UtteranceState.PAUSED
             u.sent = u.heard
+        self.line_busy_until_ms = now_ms
+        return out
+
+    def unplayed(self, now_ms: float) -> list[tuple[float, bytes]] | None:
+        """While an utterance is paused: the audio it would have played up to ``lead_ms`` past
+        ``now_ms`` had the pause not held it back, as (play-at ms, mu-law) chunks not returned
+        before, in order (the first ones go on from the last chunk sent before the pause). None
+        when no utterance is paused: the barge-in policy asks whether the line still carries
+        the bot after a ``clear`` (``BargeInSettings.pause_echo_corr``)."""
+        if self._unplayed is None:
+            return None
+        u, pos, at = self._unplayed
+        if u.state is not UtteranceState.PAUSED or self.current is not u:
+            self._unplayed = None
+            return None
+        out: list[tuple[float, bytes]] = []
+        while pos < len(u.audio) and at - now_ms < self.lead_ms:
+            payload = bytes(u.audio[pos : pos + self.chunk_bytes])
+            if len(payload) < self.chunk_bytes and not u.ended:
+                break  # wait for the rest of the chunk
+            out.append((at, payload))
+            pos += len(payload)
+            at += len(payload) / ULAW_BYTES_PER_MS
+        self._unplayed = (u, pos, at)
         return out
 
     def resume(self, now_ms: float) -> Outcome:

@@ -37,7 +37,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    talked for ``commit_ms``. If the caller stops sooner, it was a backchannel ("uh-huh", "yes") or
    a noise, and playback **resumes** from what the caller actually heard. In a pause, with none
    of the bot's audio left in the echo's lag range, a window Silero still calls speech is no
-   stop (``pause_hold_windows``): the dip between two of the caller's words. A
+   stop (``pause_hold_windows``): the dip between two of the caller's words. Nor is a window
+   that follows what the bot would have played had it not been paused (``pause_echo_corr``:
+   a line that goes on playing it, as a recording replayed open loop does). A
    *non-interruptible* utterance is never paused: speech over it is reported once as
    suppressed.
 
@@ -330,6 +332,20 @@ class BargeInSettings:
     split: 3 of 8 babble barge-in calls given a false interrupt). Without it the check split's
     barge-ins were resumed over on 40 of 80 calls, the bot talking on between a caller's words
     (session 13, docs/bargein.md). None: off, every gated-out window counts."""
+    pause_echo_corr: float | None = 0.8
+    """A pause clears the bot's audio from Twilio's buffer, but nothing proves that the line
+    went quiet of it: a recorded line replayed as ``eval_bargein.py`` replays one cannot react,
+    so its echo goes on as if the bot had never stopped (and so would any buffer past Twilio
+    that ignored the clear). With none of that audio in the gate's reference once the echo's lag
+    range has drained, the echo is a loud, Silero-certain "caller", and 640 ms of it committed
+    the pause: open-loop replays of the check split gave false interrupts on 17 of 184 calls (12
+    echo-only) against 0 closed loop (session 14, docs/bargein.md). So the gateway keeps a copy
+    of the gate that still hears what the bot would have played (``VadStream.fork_ghost``), and
+    in a pause, once none of the bot's real audio is in the lag range, a window whose last
+    160 ms follow that would-be audio at the delay locked before the pause (Pearson r of their
+    8 ms log energies, ``GateReading.follow_corr``) by at least this much is the bot, not the
+    caller: neither speech towards the commit nor a held window. A caller's voice does not
+    follow the bot's envelope at a fixed delay. None: off (and no copy is kept)."""
     carry_ms: float | None = None
     """A pause that starts within this long of the last resume goes on counting that pause's
     speech towards ``commit_ms``: a caller pausing between words is one barge-in, not a row of
@@ -917,11 +933,12 @@ class BargeInPolicy:
 
     def step(
         self, prob: float, gate: GateReading, feat: WindowFeatures, bot: BotView | BotState,
-        *, clean_prob: float | None = None,
+        *, clean_prob: float | None = None, ghost: GateReading | None = None,
     ) -> list[Effect]:
         """One window: Silero's ``prob``, the gate, the features, the bot's side of the line,
-        and (with an echo canceller in front) Silero's probability on the echo-cancelled
-        window. Returns the effects to carry out, in order."""
+        (with an echo canceller in front) Silero's probability on the echo-cancelled window,
+        and (in a pause) the gate's reading against what the bot would have played
+        (``pause_echo_corr``). Returns the effects to carry out, in order."""
         s = self.settings
         view = bot if isinstance(bot, BotView) else BotView.of(bot)
         echoing = gate.ref_db > _NO_ECHO_DB
@@ -931,13 +948,17 @@ class BargeInPolicy:
             self._background_db = _percentile(self._silent_levels, s.background_pct)
         caller = self._classified(self.is_caller(prob, gate, feat, clean_prob), prob, gate, feat,
                                   clean_prob)
+        unplayed = self.state is PolicyState.PAUSED and self._unplayed_echo(gate, ghost)
+        if unplayed:
+            caller = False  # the bot's own audio, still on the line after the clear
         if not echoing:
             self._silent_levels.append(gate.level_db)
         self._caller_window = caller
         if self.state is PolicyState.IDLE and not caller and s.explain_floor_pct is not None:
             self._unexplained_idle.append(gate.unexplained_db)
             self._floor_db = None
-        speechy = caller or prob >= s.p_off and gate.passes and feat.dtmf < s.dtmf_max
+        speechy = caller or (not unplayed and prob >= s.p_off and gate.passes
+                             and feat.dtmf < s.dtmf_max)
         out: list[Effect] = []
         self._run = self._run + 1 if caller else 0
         if caller:
@@ -975,7 +996,7 @@ class BargeInPolicy:
             return out
 
         # The caller is talking (SPEAKING, PAUSED or INTERRUPTED).
-        held = (not speechy and self.state is PolicyState.PAUSED
+        held = (not speechy and not unplayed and self.state is PolicyState.PAUSED
                 and self._held_by_silero(prob, gate, feat, clean_prob))
         if speechy:
             self._quiet = self._held_run = 0
@@ -1012,6 +1033,13 @@ class BargeInPolicy:
         if self._quiet >= s.stop_windows:
             self._stopped(out)
         return out
+
+    def _unplayed_echo(self, gate: GateReading, ghost: GateReading | None) -> bool:
+        """``pause_echo_corr``: none of the bot's real audio is left in the echo's lag range, and
+        the window's recent past follows what it would have played (the gate's ghost copy)."""
+        limit = self.settings.pause_echo_corr
+        return (limit is not None and ghost is not None and gate.ref_db <= _NO_ECHO_DB
+                and ghost.follow_corr >= limit)
 
     def _held_by_silero(self, prob: float, gate: GateReading, feat: WindowFeatures,
                         clean_prob: float | None) -> bool:

@@ -98,6 +98,36 @@ def test_pause_and_resume_continue_from_the_heard_point() -> None:
     assert played.endswith(audio[heard:])
 
 
+def test_a_pause_knows_what_the_bot_would_have_played() -> None:
+    """``Playback.unplayed`` (the barge-in policy's ``pause_echo_corr``): after a pause, the
+    audio the utterance would have played, from the last byte sent before the clear, at the
+    times it would have played (the sent audio ran to ``line_busy_until_ms``), topped up to
+    ``lead_ms`` ahead of the clock and never twice; nothing once the utterance plays again."""
+    pb = Playback(chunk_ms=20, lead_ms=200)
+    tw = TwilioPlayout(stream_sid=SID)
+    audio = bytes(range(256)) * 32  # 8192 bytes, recognisable positions
+    pb.start("u", node="n", interruptible=True)
+    pb.add_audio("u", audio)
+    pb.end("u")
+    assert pb.unplayed(0) is None
+    _run(pb, tw, 0, 400)
+    u = pb.get("u")
+    assert u is not None
+    sent, busy = u.sent, pb.line_busy_until_ms
+    assert busy > 400  # audio is queued ahead of the clock
+    _deliver(pb, tw, pb.pause(400), 400)
+    first = pb.unplayed(400)
+    assert first is not None and first[0] == (busy, audio[sent : sent + 160])
+    assert all(b - a == 20.0 for (a, _), (b, _) in zip(first, first[1:], strict=False))
+    assert first[-1][0] < 400 + 200  # up to lead_ms ahead
+    assert pb.unplayed(400) == []  # nothing twice
+    later = pb.unplayed(500)
+    assert later is not None and later[0][0] == first[-1][0] + 20.0
+    assert b"".join(p for _, p in first + later) == audio[sent : sent + 160 * len(first + later)]
+    pb.resume(500)
+    assert pb.unplayed(520) is None
+
+
 def test_non_interruptible_utterance_cannot_be_interrupted() -> None:
     pb = Playback(chunk_ms=20, lead_ms=240.0)
     pb.start("pay", node="payment", interruptible=False)

@@ -388,6 +388,54 @@ def test_a_pause_is_held_over_the_dip_between_two_words() -> None:
         Decision.RESUME, Decision.SPEECH_STOPPED]
 
 
+# Session 14. In a pause, the bot's echo going on as if no clear had been sent (a recorded line
+# cannot react): loud, Silero-certain, passing the gate, with none of the bot's real audio in
+# the lag range; the gate's ghost copy, fed what the bot would have played, sees it follow that
+# audio at the locked delay.
+GOING_ON = GateReading(level_db=-30.0, echo_db=-100.0, noise_db=-60.0, echo_locked=True,
+                       passes=True, ref_db=-100.0)
+WOULD_BE = GateReading(level_db=-30.0, echo_db=-42.0, noise_db=-60.0, echo_locked=True,
+                       passes=True, ref_db=-10.0, erl_db=20.0, follow_corr=0.95)
+
+
+def _going_on(policy: BargeInPolicy, windows: int, ghost: GateReading | None = WOULD_BE,
+              gate: GateReading = GOING_ON) -> list[Effect]:
+    return [d for _ in range(windows)
+            for d in policy.step(0.99, gate, VOICED, HELD, clean_prob=0.99, ghost=ghost)]
+
+
+def test_a_pause_over_the_bots_own_audio_going_on_resumes() -> None:
+    """``pause_echo_corr``: in a pause, a window whose recent past follows what the bot would
+    have played is no speech and no held dip: the pause resumes, where the same windows
+    counted as the caller commit it. A window that does not follow it is the caller's, and one
+    while the bot's real audio is still in the lag range is judged as before."""
+    policy = BargeInPolicy(HAND)
+    assert kinds(_talk(policy, 2, PLAYING)) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert _going_on(policy, 4) == []
+    assert kinds(_going_on(policy, 1)) == [Decision.RESUME, Decision.SPEECH_STOPPED]
+    assert not policy.in_speech
+
+    def committed(p: BargeInPolicy, ghost: GateReading | None,
+                  gate: GateReading = GOING_ON) -> bool:
+        _talk(p, 2, PLAYING)
+        return kinds(_going_on(p, 18, ghost, gate)) == [Decision.COMMIT]
+
+    assert committed(BargeInPolicy(HAND), replace(WOULD_BE, follow_corr=0.3))  # a caller
+    assert committed(BargeInPolicy(HAND), None)  # no copy kept
+    assert committed(BargeInPolicy(replace(HAND, pause_echo_corr=None)), WOULD_BE)  # off
+    # The bot's real audio still in the lag range: judged as with the rule off.
+    tail = replace(GOING_ON, ref_db=-20.0, echo_db=-40.0, erl_db=20.0)
+    on, off = BargeInPolicy(HAND), BargeInPolicy(replace(HAND, pause_echo_corr=None))
+    for p in (on, off):
+        _talk(p, 2, PLAYING)
+    assert _going_on(on, 18, gate=tail) == _going_on(off, 18, gate=tail)
+    # Outside a pause the copy has no say: the same windows start a turn and pause the bot.
+    idle = BargeInPolicy(HAND)
+    assert kinds([d for _ in range(2)
+                  for d in idle.step(0.99, GOING_ON, VOICED, PLAYING, ghost=WOULD_BE)]) == [
+        Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
 # A caller as loud as a strong echo: 4 dB over the predicted echo and the noise floor (the raw
 # gate's 8/6 dB margins fail it), while the bot talks; AEC3 has removed the echo.
 OVER_ECHO = GateReading(level_db=-26.0, echo_db=-30.0, noise_db=-30.0, echo_locked=True,
