@@ -542,7 +542,8 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
     and ``NAME.bot.wav``). Each row: ``recording``, ``condition``, ``window``, ``t_ms`` (the
     window's end), ``prob``, the gate's fields (``gate_level_db``, ``gate_echo_db``, ...), the
     features (``feat_voicing``, ``feat_dtmf``) and the labels' truth over the window
-    (``caller_speech``, ``backchannel``, ``echo``, ``dtmf``, ``bot_playing``). The readings
+    (``caller_speech``, ``backchannel``, ``echo``, ``dtmf``, ``bot_playing``); in a pause, the
+    gate's reading against the audio the pause held back as ``ghost_*``. The readings
     depend on what the bot played, so they are those of a call run under ``variant`` (default:
     the configured decision); a fitted decision that stops the bot elsewhere changes them.
     ``loop``: ``closed`` (simulated calls only: the echo follows what was played) or ``open``
@@ -584,6 +585,9 @@ def window_features(recordings: Iterable[SimCall | Path], *, variant: Variant | 
                         if w.features is not None:
                             row.update({f"feat_{k}": v for k, v in
                                         dataclasses.asdict(w.features).items()})
+                        if w.ghost is not None:  # in a pause: against the unplayed audio
+                            row.update({f"ghost_{k}": v for k, v in
+                                        dataclasses.asdict(w.ghost).items()})
                         row.update(_truth(labels, t1 - 32.0, t1))
                         rows.append(row)
 

@@ -150,3 +150,24 @@ def test_a_caller_reading_on_through_a_pause_is_not_resumed_over(library: VoiceL
     assert resumed_over("configured") == 0
     agg = report["summary"]["variants"]
     assert agg["configured"]["all"]["false_resumes"] <= agg["nohold"]["all"]["false_resumes"]
+
+
+def test_a_false_pause_on_a_line_that_cannot_react_is_not_committed(
+        library: VoiceLibrary) -> None:
+    """``pause_echo_corr`` on an open-loop replay, as ``eval_bargein.py`` replays a recording
+    (session 14): the echo path gets 12 dB louder mid-call and its echo pauses the bot; the
+    recording's echo goes on after the clear. Without the rule that echo counted as the caller
+    and the pause was committed (a false interrupt: train seed 1, call 2); with it the line is
+    seen to follow what the bot would have played, and the pause resumes."""
+    on, off = VARIANTS["configured"], parse_variant("off:barge_in.pause_echo_corr=null")
+    report = run_bench(split="train", conditions=[Condition(change="level",
+                                                            behaviour="echo_only")],
+                       calls_per_point=3, seed=1, variants=[on, off], concurrency=3,
+                       library=library, loop="open")
+    calls = {(c["verdict"]["name"], c["variant"]): c for c in report["calls"]}
+    name = next(n for n, _ in calls if n.startswith("sim_train_s1_00002_"))
+    assert calls[(name, "off")]["verdict"]["false_interrupt"]
+    assert calls[(name, "off")]["pauses"] == []  # nothing resumed: committed
+    assert calls[(name, "configured")]["verdict"]["false_stop"]  # the same pause ...
+    assert not calls[(name, "configured")]["verdict"]["false_interrupt"]  # ... not committed
+    assert len(calls[(name, "configured")]["pauses"]) == 1
