@@ -202,6 +202,10 @@ class CallSession:
         self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
         self._heard_utterance: str | None = None
+        # The utterance a gate copy follows through its pauses (_fork_ghost), with the delay
+        # the gate had locked at its first pause, and how far the copy has been fed.
+        self._ghost_of: tuple[str, int | None] | None = None
+        self._ghost_fed_ms = 0.0
         TurnClock(self.timeline)  # per-turn latencies: turn_latency events
         self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
 
@@ -386,16 +390,40 @@ class CallSession:
                                      state=self.policy.state.value)
         await self._pump()
 
+    def _fork_ghost(self, stream: VadStream, u: Utterance, busy_ms: float) -> None:
+        """At a pause, before its clear: a copy of the gate that goes on hearing the paused
+        utterance as a line deaf to the clear would play it (``Playback.would_play``;
+        ``BargeInSettings.pause_echo_corr``). At the utterance's first pause it is the gate as
+        it stands (the audio sent, to ``busy_ms``, included); at a later one, the same line
+        has played on since the first, so the copy hears that schedule for the lag range and
+        the fit's history, at the delay locked at the first pause."""
+        now = self.now_ms
+        if self._ghost_of is None or self._ghost_of[0] != u.id:
+            self._ghost_of = (u.id, stream.lag_hops)
+            stream.fork_ghost()
+            self._ghost_fed_ms = max(busy_ms, now)
+            return
+        echo = self.settings.echo
+        got = self.playback.would_play(now - echo.max_lag_ms - echo.explain_ms, now)
+        assert got is not None  # just paused
+        at_ms, audio = got
+        stream.fork_ghost(lag_hops=self._ghost_of[1], reference=(
+            int(round(at_ms * TELEPHONY_RATE / 1000)), ulaw_to_float32(audio)))
+        self._ghost_fed_ms = at_ms + len(audio) / (TELEPHONY_RATE / 1000)
+
     def _haunt(self, stream: VadStream) -> None:
-        """Feed the gate's ghost copy what the paused utterance would be playing now
-        (``BargeInSettings.pause_echo_corr``); drop the copy once nothing is paused."""
-        unplayed = self.playback.unplayed(self._media_end_ms)
-        if unplayed is None:
+        """Feed the gate's ghost copy what the paused utterance would be playing up to the
+        playback lead ahead (``_fork_ghost``); drop the copy once nothing is paused."""
+        got = self.playback.would_play(self._ghost_fed_ms,
+                                       self._media_end_ms + self.playback.lead_ms)
+        if got is None:
             stream.end_ghost()
             return
-        if unplayed:  # back to back: one piece
-            stream.add_ghost_reference(int(round(unplayed[0][0] * TELEPHONY_RATE / 1000)),
-                                       ulaw_to_float32(b"".join(p for _, p in unplayed)))
+        at_ms, audio = got
+        if audio:
+            stream.add_ghost_reference(int(round(at_ms * TELEPHONY_RATE / 1000)),
+                                       ulaw_to_float32(audio))
+            self._ghost_fed_ms = at_ms + len(audio) / (TELEPHONY_RATE / 1000)
 
     def _bot_view(self) -> BotView:
         """The bot's side of the line, for the policy: what is audible now, and the head
@@ -471,9 +499,10 @@ class CallSession:
                 # Stale: the line changed while an earlier effect was awaited (a downlink event
                 # finished the utterance). The policy's Resume finds nothing paused then.
                 return
+            busy = self.playback.line_busy_until_ms
             out = self.playback.pause(now)
             if self._stream is not None and self.settings.barge_in.pause_echo_corr is not None:
-                self._stream.fork_ghost()  # before the clear takes the audio sent off the gate
+                self._fork_ghost(self._stream, u, busy)  # before the clear takes it off the gate
             await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,
                       text=u.text, heard_text=u.heard_text())

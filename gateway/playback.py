@@ -153,9 +153,9 @@ class Playback:
         self._retired: set[str] = set()
         self._seq = itertools.count(1)
         self.line_busy_until_ms = 0.0
-        # The paused utterance, its next byte and when that byte would have played, had the
-        # pause not held it back (``unplayed``).
-        self._unplayed: tuple[Utterance, int, float] | None = None
+        # The last utterance paused, the byte that came next when it was first paused, and when
+        # that byte would have played (``would_play``).
+        self._anchor: tuple[Utterance, int, float] | None = None
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -286,34 +286,29 @@ class Playback:
         u = self.current
         self._retire_pending()
         if u is not None and u.state is UtteranceState.PLAYING:
-            self._unplayed = (u, u.sent, max(self.line_busy_until_ms, now_ms))
+            if self._anchor is None or self._anchor[0] is not u:
+                self._anchor = (u, u.sent, max(self.line_busy_until_ms, now_ms))
             u.state = UtteranceState.PAUSED
             u.sent = u.heard
         self.line_busy_until_ms = now_ms
         return out
 
-    def unplayed(self, now_ms: float) -> list[tuple[float, bytes]] | None:
-        """While an utterance is paused: the audio it would have played up to ``lead_ms`` past
-        ``now_ms`` had the pause not held it back, as (play-at ms, mu-law) chunks not returned
-        before, in order (the first ones go on from the last chunk sent before the pause). None
-        when no utterance is paused: the barge-in policy asks whether the line still carries
-        the bot after a ``clear`` (``BargeInSettings.pause_echo_corr``)."""
-        if self._unplayed is None:
+    def would_play(self, from_ms: float, to_ms: float) -> tuple[float, bytes] | None:
+        """While the head utterance is paused: its audio that a line deaf to every ``clear``
+        would play from ``from_ms`` to ``to_ms``, and when the first of it would play. Such a
+        line plays the utterance on at 1x from the last audio sent before its *first* pause
+        (before that, what was played), whatever pauses and resumes came since: a recorded
+        line replayed as ``eval_bargein.py`` replays one does exactly that. None when no
+        utterance is paused. The barge-in policy asks whether the line still carries the bot
+        after a ``clear`` (``BargeInSettings.pause_echo_corr``)."""
+        u = self.current
+        if (u is None or u.state is not UtteranceState.PAUSED or self._anchor is None
+                or self._anchor[0] is not u):
             return None
-        u, pos, at = self._unplayed
-        if u.state is not UtteranceState.PAUSED or self.current is not u:
-            self._unplayed = None
-            return None
-        out: list[tuple[float, bytes]] = []
-        while pos < len(u.audio) and at - now_ms < self.lead_ms:
-            payload = bytes(u.audio[pos : pos + self.chunk_bytes])
-            if len(payload) < self.chunk_bytes and not u.ended:
-                break  # wait for the rest of the chunk
-            out.append((at, payload))
-            pos += len(payload)
-            at += len(payload) / ULAW_BYTES_PER_MS
-        self._unplayed = (u, pos, at)
-        return out
+        _, b0, t0 = self._anchor
+        a = max(0, b0 + int(round((from_ms - t0) * ULAW_BYTES_PER_MS)))
+        z = min(len(u.audio), b0 + int(round((to_ms - t0) * ULAW_BYTES_PER_MS)))
+        return t0 + (a - b0) / ULAW_BYTES_PER_MS, bytes(u.audio[a : max(a, z)])
 
     def resume(self, now_ms: float) -> Outcome:
         """Play the paused utterance on from what the caller heard."""

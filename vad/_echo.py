@@ -170,7 +170,7 @@ class GateReading:
     alone, at whatever delay and loss; low when a caller (or a background) is in them."""
     follow_corr: float = 0.0
     """Read on a ghost copy only (``EchoGateBank.fork_row``: the bot's audio as if a pause had
-    not cleared it): how the inbound follows that audio at the delay locked before the pause,
+    not cleared it): how the inbound follows that audio at the copy's locked delay,
     as the Pearson correlation of their 8 ms log energies over the last ``explain_ms``, on the
     hops where the reference is active (0 with fewer than half of them active, or no lock).
     Near 1 when the line still carries the bot; a caller's voice does not follow it."""
@@ -297,10 +297,13 @@ class EchoGateBank:
         self._reset(row)
         return row
 
-    def fork_row(self, row: int) -> int:
+    def fork_row(self, row: int, *, lag_hops: int | None = None,
+                 reference: tuple[int, np.ndarray] | None = None) -> int:
         """A new row that starts as a copy of ``row``: its reference, inbound history, delay
         lock, echo gain and floors. The gateway reads the bot's unplayed audio on such a copy
-        while a pause holds it back (``VadStream.fork_ghost``)."""
+        while a pause holds it back (``VadStream.fork_ghost``). ``lag_hops``: its delay lock
+        instead of ``row``'s; ``reference``: (start sample, samples) in place of ``row``'s
+        reference (what of it the lag range can still read)."""
         if not self._free:
             self._alloc(self._rows * 2)
         new = self._free.pop()
@@ -308,6 +311,13 @@ class EchoGateBank:
             array = getattr(self, name)
             array[new] = array[row]
         self._ghost[new] = True
+        if lag_hops is not None:
+            self._lag[new] = lag_hops
+        if reference is not None:
+            self._ref[new] = 0.0
+            self._ref_db[new] = _FLOOR_DB
+            self._refb[new] = 0.0
+            self.add_reference(new, *reference)
         return new
 
     def close_row(self, row: int) -> None:

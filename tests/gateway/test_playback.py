@@ -98,34 +98,35 @@ def test_pause_and_resume_continue_from_the_heard_point() -> None:
     assert played.endswith(audio[heard:])
 
 
-def test_a_pause_knows_what_the_bot_would_have_played() -> None:
-    """``Playback.unplayed`` (the barge-in policy's ``pause_echo_corr``): after a pause, the
-    audio the utterance would have played, from the last byte sent before the clear, at the
-    times it would have played (the sent audio ran to ``line_busy_until_ms``), topped up to
-    ``lead_ms`` ahead of the clock and never twice; nothing once the utterance plays again."""
+def test_a_pause_knows_what_a_line_deaf_to_the_clear_would_play() -> None:
+    """``Playback.would_play`` (the barge-in policy's ``pause_echo_corr``): while paused, the
+    utterance as a line that ignored the clear plays it: on at 1x from the last byte sent
+    before its first pause (the sent audio ran to ``line_busy_until_ms``), what was played
+    before that; after a resume and a second pause, still that first schedule, not the
+    gateway's later one. Nothing while it plays."""
     pb = Playback(chunk_ms=20, lead_ms=200)
     tw = TwilioPlayout(stream_sid=SID)
     audio = bytes(range(256)) * 32  # 8192 bytes, recognisable positions
     pb.start("u", node="n", interruptible=True)
     pb.add_audio("u", audio)
     pb.end("u")
-    assert pb.unplayed(0) is None
+    assert pb.would_play(0, 100) is None
     _run(pb, tw, 0, 400)
     u = pb.get("u")
     assert u is not None
     sent, busy = u.sent, pb.line_busy_until_ms
     assert busy > 400  # audio is queued ahead of the clock
     _deliver(pb, tw, pb.pause(400), 400)
-    first = pb.unplayed(400)
-    assert first is not None and first[0] == (busy, audio[sent : sent + 160])
-    assert all(b - a == 20.0 for (a, _), (b, _) in zip(first, first[1:], strict=False))
-    assert first[-1][0] < 400 + 200  # up to lead_ms ahead
-    assert pb.unplayed(400) == []  # nothing twice
-    later = pb.unplayed(500)
-    assert later is not None and later[0][0] == first[-1][0] + 20.0
-    assert b"".join(p for _, p in first + later) == audio[sent : sent + 160 * len(first + later)]
-    pb.resume(500)
-    assert pb.unplayed(520) is None
+    assert pb.would_play(busy, busy + 100) == (busy, audio[sent : sent + 800])
+    at, before = pb.would_play(busy - 50, busy) or (0.0, b"")
+    assert (at, before) == (busy - 50, audio[sent - 400 : sent])
+    pb.resume(600)
+    assert pb.would_play(600, 700) is None
+    _run(pb, tw, 620, 800)
+    _deliver(pb, tw, pb.pause(800), 800)  # the gateway played on from the heard point ...
+    at, later = pb.would_play(800, 900) or (0.0, b"")
+    first = sent + int((800 - busy) * 8)  # ... the deaf line from the first pause at 1x
+    assert (at, later) == (800, audio[first : first + 800])
 
 
 def test_non_interruptible_utterance_cannot_be_interrupted() -> None:

@@ -532,3 +532,30 @@ async def test_an_engine_stream_reads_its_ghost_copy_only_while_it_keeps_one() -
     ghosts = [(w, h) for w, (_, h) in enumerate(forked) if h is not None]
     assert [w for w, _ in ghosts] == list(range(at // WINDOW, end_at // WINDOW))
     assert max(h.follow_corr for _, h in ghosts) >= 0.9  # the echo goes on: it follows
+
+
+def test_a_ghost_copy_can_take_another_delay_and_reference() -> None:
+    """``fork_row(lag_hops=..., reference=...)``: the copy's delay lock and reference are the
+    ones given (a later pause's copy hears the schedule of the utterance's first playout, at
+    the delay locked then), the row it was forked from keeps its own."""
+    bot = _bot("echo_only_short_delay")
+    echo = _path_change_echo(bot, len(bot), 320, 320)
+    bank = EchoGateBank()
+    row, sent = bank.open_row(), 0
+    for w in range(int(2.0 * 8000) // WINDOW):
+        now = (w + 1) * WINDOW
+        while sent < now + LEAD:
+            bank.add_reference(row, sent, bot[sent : sent + CHUNK])
+            sent += CHUNK
+        bank.process(np.array([row]), echo[now - WINDOW : now][None, :], np.array([True]))
+    locked = bank.lag_hops(row)
+    assert locked is not None
+    now = int(2.0 * 8000) // WINDOW * WINDOW
+    silent = bank.fork_row(row, lag_hops=locked + 3, reference=(now - 4000, np.zeros(6000)))
+    same = bank.fork_row(row)
+    assert (bank.lag_hops(silent), bank.lag_hops(same), bank.lag_hops(row)) == (
+        locked + 3, locked, locked)
+    x = echo[now : now + WINDOW][None, :]
+    r, s, c = bank.process(np.array([row, silent, same]), np.concatenate([x, x, x]),
+                           np.array([True, False, False]))
+    assert s.ref_db == -100.0 and c.ref_db == r.ref_db > -60.0
