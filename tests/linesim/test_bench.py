@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,20 +155,30 @@ def test_a_caller_reading_on_through_a_pause_is_not_resumed_over(library: VoiceL
 
 def test_a_false_pause_on_a_line_that_cannot_react_is_not_committed(
         library: VoiceLibrary) -> None:
-    """``pause_echo_corr`` on an open-loop replay, as ``eval_bargein.py`` replays a recording
+    """``pause_echo_corr`` on open-loop replays, as ``eval_bargein.py`` replays a recording
     (session 14): the echo path gets 12 dB louder mid-call and its echo pauses the bot; the
     recording's echo goes on after the clear. Without the rule that echo counted as the caller
-    and the pause was committed (a false interrupt: train seed 1, call 2); with it the line is
-    seen to follow what the bot would have played, and the pause resumes."""
+    and pauses were committed (false interrupts on 6 of these 8 train calls when measured), at
+    a first pause or at a later one, after a first had resumed and the gateway's playout had
+    fallen behind the recording's; with it those pauses resume (1 of 8). Counted over the calls,
+    not call by call: eSpeak NG renders the bot a little differently in a process that has
+    rendered other speech before (docs/bargein.md, session 12's "Left")."""
     on, off = VARIANTS["configured"], parse_variant("off:barge_in.pause_echo_corr=null")
     report = run_bench(split="train", conditions=[Condition(change="level",
                                                             behaviour="echo_only")],
-                       calls_per_point=3, seed=1, variants=[on, off], concurrency=3,
+                       calls_per_point=8, seed=1, variants=[on, off], concurrency=8,
                        library=library, loop="open")
-    calls = {(c["verdict"]["name"], c["variant"]): c for c in report["calls"]}
-    name = next(n for n, _ in calls if n.startswith("sim_train_s1_00002_"))
-    assert calls[(name, "off")]["verdict"]["false_interrupt"]
-    assert calls[(name, "off")]["pauses"] == []  # nothing resumed: committed
-    assert calls[(name, "configured")]["verdict"]["false_stop"]  # the same pause ...
-    assert not calls[(name, "configured")]["verdict"]["false_interrupt"]  # ... not committed
-    assert len(calls[(name, "configured")]["pauses"]) == 1
+    runs: dict[str, dict[str, Any]] = {}
+    for c in report["calls"]:
+        runs.setdefault(c["verdict"]["name"], {})[c["variant"]] = c
+    committed = [n for n, r in runs.items() if r["off"]["verdict"]["false_interrupt"]]
+    assert len(committed) >= 4
+    kept = [n for n in committed if not runs[n]["configured"]["verdict"]["false_interrupt"]]
+    assert len(kept) >= len(committed) - 2
+    # ... a first pause among them (nothing resumed without the rule) and a later one.
+    assert any(not runs[n]["off"]["pauses"] for n in kept)
+    assert any(runs[n]["off"]["pauses"] for n in kept)
+    for n in kept:  # the same false pause, resumed
+        assert runs[n]["configured"]["verdict"]["first_stop_ms"] == \
+            runs[n]["off"]["verdict"]["first_stop_ms"]
+        assert runs[n]["configured"]["pauses"]
