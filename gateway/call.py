@@ -407,7 +407,8 @@ class CallSession:
         got = self.playback.would_play(now - echo.max_lag_ms - echo.explain_ms, now)
         assert got is not None  # just paused
         at_ms, audio = got
-        stream.fork_ghost(lag_hops=self._ghost_of[1], reference=(
+        lag = self._ghost_of[1]
+        stream.fork_ghost(lag_hops=-1 if lag is None else lag, reference=(
             int(round(at_ms * TELEPHONY_RATE / 1000)), ulaw_to_float32(audio)))
         self._ghost_fed_ms = at_ms + len(audio) / (TELEPHONY_RATE / 1000)
 

@@ -60,6 +60,12 @@ _UP, _DOWN = 0.25, 0.06  # dB per hop for the echo-gain median trackers
 _MAX_HOPS = 64  # hops one window may carry
 _RING = 512  # reference hops kept per row (4 s): the lag range behind, what was sent ahead
 _INB = 128  # inbound hops kept per row (the envelope fit's history; a power of two)
+# follow_corr: the inbound hops it reads (320 ms: over 160 ms a caller's envelope matched the
+# would-be audio by chance for 5-8 windows running at 4 of 32 pause times), how many of them
+# must be active, and how long after the real echo's delay its tail may still be on the line.
+_FOLLOW_HOPS = 40
+_FOLLOW_MIN_HOPS = 20
+_DRAIN_HOPS = 10
 # The envelope fit's bands (Hz): a filtered echo path scales each band by its own gain, so a
 # broadband envelope is no copy of the bot's (measured: at the true lag of a 6 dB ERL line the
 # inbound-to-bot energy ratio swings 12 dB in 100 ms as the bot's spectrum moves).
@@ -171,8 +177,9 @@ class GateReading:
     follow_corr: float = 0.0
     """Read on a ghost copy only (``EchoGateBank.fork_row``: the bot's audio as if a pause had
     not cleared it): how the inbound follows that audio at the copy's locked delay,
-    as the Pearson correlation of their 8 ms log energies over the last ``explain_ms``, on the
-    hops where the reference is active (0 with fewer than half of them active, or no lock).
+    as the Pearson correlation of their 8 ms log energies over the last 320 ms, on the hops
+    where the reference is active and the echo of what the bot did play has drained (one delay
+    and 80 ms after the fork); 0 with fewer than 20 such hops (160 ms), or no lock.
     Near 1 when the line still carries the bot; a caller's voice does not follow it."""
 
     @property
@@ -213,6 +220,7 @@ class EchoGateBank:
     _refb: Floats
     _inbb: Floats
     _ghost: npt.NDArray[np.bool_]
+    _ghost_from: npt.NDArray[np.int64]
 
     def __init__(self, settings: EchoGateSettings | None = None, *, sample_rate: int = TELEPHONY_RATE) -> None:
         self.settings = s = settings or EchoGateSettings()
@@ -273,6 +281,7 @@ class EchoGateBank:
             # A copy read through a pause (fork_row): its delay lock stands still, and it
             # reports how the inbound follows its reference at that delay (follow_corr).
             ("_ghost", (), False, np.bool_),
+            ("_ghost_from", (), 0, i64),  # the first inbound hop follow_corr reads
         ]
 
     def _alloc(self, rows: int) -> None:
@@ -302,8 +311,11 @@ class EchoGateBank:
         """A new row that starts as a copy of ``row``: its reference, inbound history, delay
         lock, echo gain and floors. The gateway reads the bot's unplayed audio on such a copy
         while a pause holds it back (``VadStream.fork_ghost``). ``lag_hops``: its delay lock
-        instead of ``row``'s; ``reference``: (start sample, samples) in place of ``row``'s
-        reference (what of it the lag range can still read)."""
+        instead of ``row``'s (-1: none); ``reference``: (start sample, samples) in place of
+        ``row``'s reference (what of it the lag range can still read). Its ``follow_corr``
+        reads only inbound hops from one delay and the echo's tail after the fork on: the ones
+        before may still hold the echo of what the bot did play, which the copy's reference
+        holds too."""
         if not self._free:
             self._alloc(self._rows * 2)
         new = self._free.pop()
@@ -313,6 +325,7 @@ class EchoGateBank:
         self._ghost[new] = True
         if lag_hops is not None:
             self._lag[new] = lag_hops
+        self._ghost_from[new] = self._hop[new] + max(int(self._lag[new]), 0) + _DRAIN_HOPS
         if reference is not None:
             self._ref[new] = 0.0
             self._ref_db[new] = _FLOOR_DB
@@ -536,13 +549,16 @@ class EchoGateBank:
 
     def _follow(self, rows: npt.NDArray[np.intp], end: npt.NDArray[np.int64],
                 lag: npt.NDArray[np.int64]) -> Floats:
-        """``GateReading.follow_corr`` of ghost ``rows`` whose inbound hops end before ``end``."""
+        """``GateReading.follow_corr`` of ghost ``rows`` whose inbound hops end before ``end``.
+        (Reference hops older than the lag range and the fit's history are zeroed: at delays
+        over ~360 ms fewer of the window's hops can count.)"""
         s = self.settings
-        k = self._kx
+        k = _FOLLOW_HOPS
         hops = end[:, None] - k + np.arange(k)[None, :]  # (r, k): the last k inbound hops
         inb = self._inbb[rows[:, None], hops & (_INB - 1)].sum(axis=2)
         ref_db = self._ref_db[rows[:, None], (hops - lag[:, None]) & _MASK]
-        w = (ref_db > s.ref_active_dbfs).astype(np.float64)
+        w = ((ref_db > s.ref_active_dbfs)
+             & (hops >= self._ghost_from[rows][:, None])).astype(np.float64)
         n = w.sum(axis=1)
         x = _db(np.maximum(inb, 1e-12))
         nn = np.maximum(n, 1.0)
@@ -551,7 +567,7 @@ class EchoGateBank:
         dx, dy = (x - mx[:, None]) * w, (ref_db - my[:, None]) * w
         den = np.sqrt((dx * dx).sum(axis=1) * (dy * dy).sum(axis=1))
         r = np.where(den > 1e-9, (dx * dy).sum(axis=1) / np.maximum(den, 1e-9), 0.0)
-        return np.where(n >= k // 2, r, 0.0)
+        return np.where(n >= _FOLLOW_MIN_HOPS, r, 0.0)
 
     def _hop_bands(self, hops: Floats) -> Floats:
         """Energy per hop (rows of 64 samples) in each of the envelope fit's bands."""

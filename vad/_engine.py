@@ -683,8 +683,8 @@ class VadStream:
         (``WindowResult.ghost``) until :meth:`end_ghost`. Feed the copy the audio the bot would
         have played with :meth:`add_ghost_reference`: the barge-in policy asks of it whether
         the line still carries the bot after the pause (``BargeInSettings.pause_echo_corr``).
-        ``lag_hops`` and ``reference`` (start sample, samples) replace the copy's delay lock
-        and reference (``EchoGateBank.fork_row``). A second fork replaces the first. Ignored
+        ``lag_hops`` (-1: none) and ``reference`` (start sample, samples) replace the copy's
+        delay lock and reference (``EchoGateBank.fork_row``). A second fork replaces the first. Ignored
         on a closed or gate-less stream."""
         if self._bank is None or self._lifecycle is not _StreamState.OPEN:
             return

@@ -332,7 +332,7 @@ class BargeInSettings:
     split: 3 of 8 babble barge-in calls given a false interrupt). Without it the check split's
     barge-ins were resumed over on 40 of 80 calls, the bot talking on between a caller's words
     (session 13, docs/bargein.md). None: off, every gated-out window counts."""
-    pause_echo_corr: float | None = 0.8
+    pause_echo_corr: float | None = 0.85
     """A pause clears the bot's audio from Twilio's buffer, but nothing proves that the line
     went quiet of it: a recorded line replayed as ``eval_bargein.py`` replays one cannot react,
     so its echo goes on as if the bot had never stopped (and so would any buffer past Twilio
@@ -342,13 +342,15 @@ class BargeInSettings:
     echo-only) against 0 closed loop (session 14, docs/bargein.md). So the gateway keeps a copy
     of the gate that still hears what a line deaf to every clear would play of the paused
     utterance (``VadStream.fork_ghost``, ``Playback.would_play``), and in a pause, once none
-    of the bot's real audio is in the lag range, a window whose last 160 ms follow that
-    would-be audio at the delay locked at the utterance's first pause (Pearson r of their 8 ms
-    log energies, ``GateReading.follow_corr``) by at least this much is the bot, not the
-    caller: neither speech towards the commit nor a held window. A caller's voice does not
-    follow the bot's envelope at a fixed delay. Chosen on train (0.7/0.8/0.9, both loops);
-    check split, open loop: false interrupts 17 -> 5, closed loop unchanged. None: off (and
-    no copy is kept)."""
+    of the bot's real audio is in the lag range, a window whose last 320 ms (from one delay
+    after the clear on) follow that would-be audio at the delay locked at the utterance's
+    first pause (Pearson r of their 8 ms log energies, ``GateReading.follow_corr``) by at least
+    this much is the bot, not the caller: neither speech towards the commit nor a held window.
+    A caller's voice follows the bot's envelope at a fixed delay only by chance. Chosen on
+    train (0.8/0.85/0.9, open loop: false interrupts 4/3/11 of 184) with a probe of a line that
+    obeys the clear beside it (120 real barge-ins: 0.8 resumed one more than off, 0.85 none);
+    check split, open loop: false interrupts 17 -> 5, closed loop unchanged. None: off (and no
+    copy is kept)."""
     carry_ms: float | None = None
     """A pause that starts within this long of the last resume goes on counting that pause's
     speech towards ``commit_ms``: a caller pausing between words is one barge-in, not a row of

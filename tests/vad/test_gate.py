@@ -15,7 +15,7 @@ from vad._features import features_batch, window_features
 from vad._policy import wants_features
 from vad._silero import load_runtime
 
-from . import RECORDINGS, caller_recordings, recording
+from . import RECORDINGS, caller_recordings, labels, recording
 
 WINDOW = 256
 CHUNK = 320  # 40 ms of bot audio per outbound media message, as the gateway sends
@@ -454,33 +454,34 @@ def _paused_line(inbound_after: np.ndarray, pause_s: float = 2.0, seconds: float
 
 
 def test_a_ghost_copy_hears_whether_the_line_still_carries_the_bot_after_a_clear() -> None:
-    """``EchoGateBank.fork_row`` and ``GateReading.follow_corr`` (session 14): after a clear, a
-    copy of the gate fed the bot's unplayed audio sees an echo that goes on regardless (a
-    recorded line) follow that audio at the locked delay, r >= 0.8 in most windows once the
-    real row's lag range has drained; a caller talking on a line that did go quiet does not
-    follow it: by chance now and then (a 160 ms envelope), never for the five windows in a row
-    that end a pause (``stop_windows``). The real row never reports it."""
+    """``EchoGateBank.fork_row`` and ``GateReading.follow_corr`` (session 14), at nine pause
+    times: after a clear, a copy of the gate fed the bot's unplayed audio sees an echo that
+    goes on regardless (a recorded line) follow that audio at the locked delay (r >= 0.85 on
+    nearly every window once the real row's lag range has drained); a caller talking on a line
+    that did go quiet follows it only by chance (on 2 % of the windows, at most 10 % at one
+    pause time, when measured: a caller's syllables can line up with the bot's). The real row
+    never reports it."""
     bot = _bot("echo_only_short_delay")
     echo = _path_change_echo(bot, len(bot), 320, 320)
-    at = int(2.0 * 8000) // WINDOW * WINDOW
-    going_on, copy_on, bank, ghost = _paused_line(echo[at:])
-    assert bank.lag_hops(ghost) is not None  # the copy keeps the delay locked before the pause
-    drained = [g for r, g in zip(going_on, copy_on, strict=True)
-               if r.ref_db <= -99.0 and g.level_db > -45.0]
-    assert len(drained) >= 10
-    assert float(np.mean([g.follow_corr >= 0.8 for g in drained])) >= 0.6
-    assert all(r.follow_corr == 0.0 for r in going_on)
     caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
-    talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0)
-    voiced = [g for r, g in zip(talked, copy_talked, strict=True)
-              if r.ref_db <= -99.0 and g.level_db > -45.0]
-    assert len(voiced) >= 20
-    assert float(np.mean([g.follow_corr >= 0.8 for g in voiced])) <= 0.2
-    run = longest = 0
-    for g in copy_talked:
-        run = run + 1 if g.follow_corr >= 0.8 else 0
-        longest = max(longest, run)
-    assert longest < 5
+    echo_share, caller_share = [], []
+    for pause_s in np.arange(1.2, 2.81, 0.2):
+        at = int(pause_s * 8000) // WINDOW * WINDOW
+        going_on, copy_on, bank, ghost = _paused_line(echo[at:], pause_s, pause_s + 1.5)
+        assert bank.lag_hops(ghost) is not None  # the copy keeps the delay locked before
+        assert all(r.follow_corr == 0.0 for r in going_on)
+        drained = [g.follow_corr for r, g in zip(going_on, copy_on, strict=True)
+                   if r.ref_db <= -99.0 and g.level_db > -45.0]
+        assert len(drained) >= 15
+        echo_share.append(float(np.mean(np.array(drained) >= 0.85)))
+        talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0, pause_s,
+                                                 pause_s + 1.85)
+        voiced = [g.follow_corr for r, g in zip(talked, copy_talked, strict=True)
+                  if r.ref_db <= -99.0 and g.level_db > -45.0]
+        assert len(voiced) >= 30
+        caller_share.append(float(np.mean(np.array(voiced) >= 0.85)))
+    assert min(echo_share) >= 0.9, echo_share
+    assert float(np.mean(caller_share)) <= 0.05 and max(caller_share) <= 0.15, caller_share
     # The copy's row is a row like any other: closed, it is handed out again.
     rows = bank.open_rows
     bank.close_row(ghost)
@@ -559,3 +560,70 @@ def test_a_ghost_copy_can_take_another_delay_and_reference() -> None:
     r, s, c = bank.process(np.array([row, silent, same]), np.concatenate([x, x, x]),
                            np.array([True, False, False]))
     assert s.ref_db == -100.0 and c.ref_db == r.ref_db > -60.0
+
+
+async def test_on_a_line_that_obeys_the_clear_the_rule_resumes_no_real_barge_in() -> None:
+    """``pause_echo_corr`` on a line that does go quiet after the clear (live Twilio): real
+    callers (six dev-set voices, each at four times over a 40 ms, 12 dB echo) barge in, Silero
+    and the default policy decide, and the gate copy hears the bot's would-be audio. With the
+    rule no barge-in resumes that commits without it (review of session 14: the first version,
+    on 160 ms right after the clear, resumed 6 of 120 such barge-ins more; it flips this set's
+    2.5 s "go forward")."""
+    from dataclasses import replace
+
+    from vad import BargeInPolicy, BargeInSettings, BotState, BotView, Interrupt, Pause, Resume
+
+    playing = BotView(BotState.INTERRUPTIBLE, utterance_id="u", interruptible=True, playing=True)
+    held = BotView(BotState.SILENT, utterance_id="u", interruptible=True, paused=True)
+    bot = _bot("echo_only_short_delay").astype(np.float64)
+    names = ["barge_in_command_goforward", "barge_in_early_librivox", "barge_in_late_ljspeech",
+             "barge_in_mid_jfk", "barge_in_timit", "barge_in_two_sentences_spk1"]
+    clips = []
+    for name in names:
+        said = next(e for e in labels(name)["events"] if e["kind"] == "speech")
+        clips.append(recording(name)[int(said["start_ms"] * 8) : int(said["end_ms"] * 8)])
+
+    async def barge_in(engine: VadEngine, caller: np.ndarray, start: int,
+                       settings: BargeInSettings) -> str:
+        stream = engine.open_stream(echo=EchoGateSettings())
+        policy = BargeInPolicy(settings)
+        noise = np.random.default_rng(5).standard_normal(len(bot)) * 1e-4
+        clear, sent, outcome = -1, 0, "none"
+        for k in range(0, min(len(bot), start + len(caller)) - WINDOW, WINDOW):
+            while sent < len(bot) and sent < k + WINDOW + LEAD:
+                if clear < 0:
+                    stream.add_reference(sent, bot[sent : sent + CHUNK])
+                else:  # what the bot would have played: for the copy only
+                    stream.add_ghost_reference(sent, bot[sent : sent + CHUNK])
+                sent += CHUNK
+            n = np.arange(k, k + WINDOW)
+            played = (n >= 320) & ((clear < 0) | (n - 320 < clear))  # the echo stops
+            x = np.where(played, 0.25 * bot[np.clip(n - 320, 0, len(bot) - 1)], 0.0)
+            at = n - start
+            x += np.where((at >= 0) & (at < len(caller)), caller[np.clip(at, 0, len(caller) - 1)],
+                          0.0) + noise[k : k + WINDOW]
+            for r in await stream.process(x.astype(np.float32)):
+                assert r.gate is not None and r.features is not None
+                for effect in policy.step(r.prob, r.gate, r.features,
+                                          playing if clear < 0 else held, ghost=r.ghost):
+                    if isinstance(effect, Pause):
+                        stream.fork_ghost()
+                        clear = k + WINDOW
+                        stream.clear_reference_from(clear)
+                    elif isinstance(effect, Resume | Interrupt):
+                        outcome = "resume" if isinstance(effect, Resume) else "commit"
+            if outcome != "none":
+                break
+        stream.close()
+        return outcome
+
+    on = BargeInSettings()
+    off = replace(on, pause_echo_corr=None)
+    outcomes = []
+    async with VadEngine(runtime=load_runtime("onnx")) as engine:
+        for clip in clips:
+            for start in (8000, 12000, 16000, 20000):
+                outcomes.append((await barge_in(engine, clip, start, on),
+                                 await barge_in(engine, clip, start, off)))
+    assert sum(o == "commit" for _, o in outcomes) >= 12  # real barge-ins, taken as such
+    assert [w for w in outcomes if w[0] == "resume" and w[1] != "resume"] == []
