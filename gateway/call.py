@@ -395,22 +395,18 @@ class CallSession:
         utterance as a line deaf to the clear would play it (``Playback.would_play``;
         ``BargeInSettings.pause_echo_corr``). At the utterance's first pause it is the gate as
         it stands (the audio sent, to ``busy_ms``, included); at a later one, the same line
-        has played on since the first, so the copy hears that schedule for the lag range and
-        the fit's history, at the delay locked at the first pause."""
+        has played on since the first, so the copy starts with no reference and ``_haunt``
+        lays that schedule from the lag range and the fit's history back on, at the delay
+        locked at the first pause."""
         now = self.now_ms
         if self._ghost_of is None or self._ghost_of[0] != u.id:
             self._ghost_of = (u.id, stream.lag_hops)
             stream.fork_ghost()
             self._ghost_fed_ms = max(busy_ms, now)
             return
-        echo = self.settings.echo
-        got = self.playback.would_play(now - echo.max_lag_ms - echo.explain_ms, now)
-        assert got is not None  # just paused
-        at_ms, audio = got
         lag = self._ghost_of[1]
-        stream.fork_ghost(lag_hops=-1 if lag is None else lag, reference=(
-            int(round(at_ms * TELEPHONY_RATE / 1000)), ulaw_to_float32(audio)))
-        self._ghost_fed_ms = at_ms + len(audio) / (TELEPHONY_RATE / 1000)
+        stream.fork_ghost(lag_hops=-1 if lag is None else lag, keep_reference=False)
+        self._ghost_fed_ms = now - self.settings.echo.max_lag_ms - self.settings.echo.explain_ms
 
     def _haunt(self, stream: VadStream) -> None:
         """Feed the gate's ghost copy what the paused utterance would be playing up to the

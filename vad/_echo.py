@@ -307,12 +307,12 @@ class EchoGateBank:
         return row
 
     def fork_row(self, row: int, *, lag_hops: int | None = None,
-                 reference: tuple[int, np.ndarray] | None = None) -> int:
+                 keep_reference: bool = True) -> int:
         """A new row that starts as a copy of ``row``: its reference, inbound history, delay
         lock, echo gain and floors. The gateway reads the bot's unplayed audio on such a copy
         while a pause holds it back (``VadStream.fork_ghost``). ``lag_hops``: its delay lock
-        instead of ``row``'s (-1: none); ``reference``: (start sample, samples) in place of
-        ``row``'s reference (what of it the lag range can still read). Its ``follow_corr``
+        instead of ``row``'s (-1: none); ``keep_reference`` False: none of ``row``'s reference
+        (the caller lays the copy's own with :meth:`add_reference`). Its ``follow_corr``
         reads only inbound hops from one delay and the echo's tail after the fork on: the ones
         before may still hold the echo of what the bot did play, which the copy's reference
         holds too."""
@@ -326,11 +326,10 @@ class EchoGateBank:
         if lag_hops is not None:
             self._lag[new] = lag_hops
         self._ghost_from[new] = self._hop[new] + max(int(self._lag[new]), 0) + _DRAIN_HOPS
-        if reference is not None:
+        if not keep_reference:
             self._ref[new] = 0.0
             self._ref_db[new] = _FLOOR_DB
             self._refb[new] = 0.0
-            self.add_reference(new, *reference)
         return new
 
     def close_row(self, row: int) -> None:

@@ -676,21 +676,20 @@ class VadStream:
         """The echo delay the gate has locked, in 8 ms hops (None: none, or no gate)."""
         return None if self._bank is None else self._bank.lag_hops(self._gate_row)
 
-    def fork_ghost(self, *, lag_hops: int | None = None,
-                   reference: tuple[int, npt.NDArray[np.floating]] | None = None) -> None:
+    def fork_ghost(self, *, lag_hops: int | None = None, keep_reference: bool = True) -> None:
         """Keep a copy of the gate as it is now (the bot's audio already sent included) before
         a ``clear`` takes that audio off the real one, and read every next window on both
         (``WindowResult.ghost``) until :meth:`end_ghost`. Feed the copy the audio the bot would
         have played with :meth:`add_ghost_reference`: the barge-in policy asks of it whether
         the line still carries the bot after the pause (``BargeInSettings.pause_echo_corr``).
-        ``lag_hops`` (-1: none) and ``reference`` (start sample, samples) replace the copy's
-        delay lock and reference (``EchoGateBank.fork_row``). A second fork replaces the first. Ignored
-        on a closed or gate-less stream."""
+        ``lag_hops`` (-1: none) replaces the copy's delay lock; ``keep_reference`` False starts
+        it with no reference at all (``EchoGateBank.fork_row``). A second fork replaces the
+        first. Ignored on a closed or gate-less stream."""
         if self._bank is None or self._lifecycle is not _StreamState.OPEN:
             return
         self.end_ghost()
         self._ghost_row = self._bank.fork_row(self._gate_row, lag_hops=lag_hops,
-                                              reference=reference)
+                                              keep_reference=keep_reference)
 
     def add_ghost_reference(self, start_sample: int, samples: npt.NDArray[np.floating]) -> None:
         """Audio the bot would have played from inbound sample ``start_sample`` on, had the

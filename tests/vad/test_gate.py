@@ -536,9 +536,10 @@ async def test_an_engine_stream_reads_its_ghost_copy_only_while_it_keeps_one() -
 
 
 def test_a_ghost_copy_can_take_another_delay_and_reference() -> None:
-    """``fork_row(lag_hops=..., reference=...)``: the copy's delay lock and reference are the
-    ones given (a later pause's copy hears the schedule of the utterance's first playout, at
-    the delay locked then), the row it was forked from keeps its own."""
+    """``fork_row(lag_hops=..., keep_reference=False)``: the copy's delay lock is the one given
+    and it starts with no reference (a later pause's copy, which the gateway fills with the
+    schedule of the utterance's first playout, at the delay locked then); the row it was
+    forked from keeps its own."""
     bot = _bot("echo_only_short_delay")
     echo = _path_change_echo(bot, len(bot), 320, 320)
     bank = EchoGateBank()
@@ -552,7 +553,7 @@ def test_a_ghost_copy_can_take_another_delay_and_reference() -> None:
     locked = bank.lag_hops(row)
     assert locked is not None
     now = int(2.0 * 8000) // WINDOW * WINDOW
-    silent = bank.fork_row(row, lag_hops=locked + 3, reference=(now - 4000, np.zeros(6000)))
+    silent = bank.fork_row(row, lag_hops=locked + 3, keep_reference=False)
     same = bank.fork_row(row)
     assert (bank.lag_hops(silent), bank.lag_hops(same), bank.lag_hops(row)) == (
         locked + 3, locked, locked)
