@@ -43,6 +43,8 @@ _RATE: Final = 1
 _VOLUME: Final = 2
 _PITCH: Final = 3
 _EE_OK: Final = 0
+RANDOM_SEED: Final = 1
+"""The seed of eSpeak NG's random generator before each text (see ``_Engine``)."""
 
 
 class _Voice(ctypes.Structure):
@@ -111,6 +113,17 @@ class _Engine:
         lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
         lib.espeak_Info.argtypes = [ctypes.c_void_p]
         lib.espeak_Info.restype = ctypes.c_char_p
+        # The voices with breath noise (the ``breath`` line of variants f2, f3, f5) draw it from
+        # the library's own random generator, which espeak_Initialize seeds with time(NULL):
+        # the same text in the same voice rendered differently in every process, so the line
+        # simulator's calls were not the same from one run to the next (five of its 24 voices;
+        # 81 of 184 train calls' windows differed between two logs). Seeded before each text,
+        # a render depends on its text, voice and parameters only. (eSpeak NG 1.52 has it;
+        # an older library renders as before.)
+        self._seed = getattr(lib, "espeak_ng_SetRandSeed", None)
+        if self._seed is not None:
+            self._seed.argtypes = [ctypes.c_long]
+            self._seed.restype = None
         rate = lib.espeak_Initialize(
             _AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), _INITIALIZE_DONT_EXIT
         )
@@ -180,6 +193,8 @@ class _Engine:
             for parameter, value in ((_RATE, rate_wpm), (_PITCH, pitch), (_VOLUME, volume)):
                 if self._lib.espeak_SetParameter(parameter, value, 0) != _EE_OK:
                     raise SynthesisError(f"eSpeak NG refused parameter {parameter} = {value}")
+            if self._seed is not None:
+                self._seed(RANDOM_SEED)
             self._blocks = []
             self._abort = abort
             try:

@@ -105,6 +105,40 @@ async def test_concurrent_synthesizers_keep_their_own_settings() -> None:
     assert len(alone[1]) < 0.8 * len(alone[0])
 
 
+_FIRST_RENDER = """
+import asyncio, ctypes, hashlib, sys
+import espeakng_loader
+from speech import EspeakSynthesizer
+from speech._espeak import _get_engine
+
+_get_engine()  # espeak_Initialize seeds the library's generator with the time
+if sys.argv[1] == "elsewhere":  # a process started at another time
+    ctypes.CDLL(espeakng_loader.get_library_path()).espeak_ng_SetRandSeed(987654321)
+
+async def main():
+    return b"".join([p async for p in EspeakSynthesizer(voice="en-us+f5").synthesize(sys.argv[2])])
+
+print(hashlib.sha256(asyncio.run(main())).hexdigest())
+"""
+
+
+def test_a_breathy_voice_renders_the_same_in_every_process() -> None:
+    """eSpeak NG seeds its random generator with the time at start-up, and the voices with
+    breath noise (``+f2``, ``+f3``, ``+f5``) draw from it: without a seed of our own before
+    each text, two processes rendered the same sentence differently, and the line simulator's
+    calls changed from one run to the next. Each process here renders the sentence first
+    thing; one of them as if it had started at another time."""
+    import subprocess
+    import sys
+
+    def first_render(when: str) -> str:
+        done = subprocess.run([sys.executable, "-c", _FIRST_RENDER, when, SENTENCE],
+                              capture_output=True, text=True, timeout=120, check=True)
+        return done.stdout.strip()
+
+    assert first_render("now") == first_render("elsewhere")
+
+
 async def test_leaving_early_frees_the_engine() -> None:
     synthesizer = EspeakSynthesizer()
     async with aclosing(synthesizer.synthesize(THREE)) as pieces:
