@@ -40,6 +40,17 @@ _REPO = Path(__file__).resolve().parents[1]
 GOAL_CALLS = 300
 
 
+def cpu_used(before: tuple[float, float],
+             after: tuple[float, float]) -> tuple[float, float | None]:
+    """CPU seconds used between two (utime, stime) readings, and the kernel's share of them
+    (None if none was used). Both come from the same two differences: the share taken against
+    ``sum(after) - sum(before)``, which rounds differently, read 1.000000000000002 on a run with
+    no user tick at all (CI under load)."""
+    user, system = after[0] - before[0], after[1] - before[1]
+    used = user + system
+    return used, (system / used if used > 0 else None)
+
+
 def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int,
               cpus: tuple[int | None, int | None], recordings: Path = RECORDINGS
               ) -> dict[str, Any]:
@@ -88,9 +99,8 @@ def run_floor(n: int, *, seconds: float, stagger: float, silent: bool, seed: int
     (t0, us0), (t1, us1) = marks
     if us0 is None or us1 is None:
         raise SystemExit("bench.ws_floor reads the server's CPU time from /proc (Linux only)")
-    used = sum(us1) - sum(us0)
+    used, kernel = cpu_used(us0, us1)
     share = used / (t1 - t0)
-    kernel = (us1[1] - us0[1]) / used if used > 0 else None  # the kernel's share of it
     ok = sum(1 for c in result["calls"] if c["error"] is None and not c["closed_early"]
              and c["frames_sent"] == c["frames_planned"])
     late = result["lateness_s"]["p99"]

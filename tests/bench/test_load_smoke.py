@@ -143,6 +143,17 @@ def test_transport_floor_measures_the_bare_server(tmp_path: Path, silent: bool) 
     assert "budget is 3.33 ms per call-second" in proc.stdout
 
 
+def test_transport_floor_splits_cpu_time_without_rounding_past_one() -> None:
+    """A run whose server used no user time: all of it is the kernel's, exactly (the share
+    taken against the readings' summed difference was 1.0000000000000013 here)."""
+    from bench.ws_floor import cpu_used
+
+    assert cpu_used((7.52, 2.52), (7.52, 2.88)) == (pytest.approx(0.36), 1.0)
+    used, kernel = cpu_used((1.0, 1.0), (1.5, 1.25))
+    assert used == pytest.approx(0.75) and kernel == pytest.approx(1 / 3)
+    assert cpu_used((1.0, 1.0), (1.0, 1.0)) == (0.0, None)
+
+
 def test_transport_floor_reports_a_run_below_the_cpu_clock_tick(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # A few silent calls can use no measurable CPU between the two /proc readings (its clock
