@@ -43,7 +43,7 @@ _RATE: Final = 1
 _VOLUME: Final = 2
 _PITCH: Final = 3
 _EE_OK: Final = 0
-RANDOM_SEED: Final = 1
+_RANDOM_SEED: Final = 1
 """The seed of eSpeak NG's random generator before each text (see ``_Engine``)."""
 
 
@@ -117,9 +117,10 @@ class _Engine:
         # the library's own random generator, which espeak_Initialize seeds with time(NULL):
         # the same text in the same voice rendered differently in every process, so the line
         # simulator's calls were not the same from one run to the next (five of its 24 voices;
-        # 81 of 184 train calls' windows differed between two logs). Seeded before each text,
-        # a render depends on its text, voice and parameters only. (eSpeak NG 1.52 has it;
-        # an older library renders as before.)
+        # two windows logs of its impacts grid, minutes apart: 2428 rows). Seeded before each text,
+        # a render no longer depends on the clock; its pitch jitter still carries on from the
+        # process's last text, by a mu-law step or two. (eSpeak NG 1.52 has the call; an older
+        # library renders as before.)
         self._seed = getattr(lib, "espeak_ng_SetRandSeed", None)
         if self._seed is not None:
             self._seed.argtypes = [ctypes.c_long]
@@ -194,7 +195,7 @@ class _Engine:
                 if self._lib.espeak_SetParameter(parameter, value, 0) != _EE_OK:
                     raise SynthesisError(f"eSpeak NG refused parameter {parameter} = {value}")
             if self._seed is not None:
-                self._seed(RANDOM_SEED)
+                self._seed(_RANDOM_SEED)
             self._blocks = []
             self._abort = abort
             try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from contextlib import aclosing
 
 import numpy as np
@@ -128,8 +130,6 @@ def test_a_breathy_voice_renders_the_same_in_every_process() -> None:
     each text, two processes rendered the same sentence differently, and the line simulator's
     calls changed from one run to the next. Each process here renders the sentence first
     thing; one of them as if it had started at another time."""
-    import subprocess
-    import sys
 
     def first_render(when: str) -> str:
         done = subprocess.run([sys.executable, "-c", _FIRST_RENDER, when, SENTENCE],
