@@ -26,9 +26,10 @@ def _bot(name: str) -> np.ndarray:
     return ulaw_to_float32(read_wav_ulaw(RECORDINGS / f"{name}.bot.wav"))
 
 
-def _fields(r: GateReading) -> tuple[float, float, float, bool, bool, bool, float, float]:
+def _fields(r: GateReading) -> tuple[float, float, float, bool, bool, bool, float, float, float]:
     return (round(r.level_db, 9), round(r.echo_db, 9), round(r.noise_db, 9), r.echo_locked,
-            r.passes, r.echo_free, round(r.band_snr_db, 9), round(r.unexplained_db, 6))
+            r.passes, r.echo_free, round(r.band_snr_db, 9), round(r.unexplained_db, 6),
+            round(r.echo_match, 9))
 
 
 class _Call:
@@ -628,3 +629,31 @@ async def test_on_a_line_that_obeys_the_clear_the_rule_resumes_no_real_barge_in(
                                  await barge_in(engine, clip, start, off)))
     assert sum(o == "commit" for _, o in outcomes) >= 12  # real barge-ins, taken as such
     assert [w for w in outcomes if w[0] == "resume" and w[1] != "resume"] == []
+
+
+def test_echo_match_hears_the_bots_echo_from_its_first_words_and_a_caller_over_it() -> None:
+    """``echo_match``: the echo of the bot's first turn follows the bot's spectro-temporal
+    patch at its delay before the gate has locked that delay; a caller talking over it at the
+    echo's own level (JFK, 0.9 s in) pulls the reading down; with no bot audio there is none."""
+    name = "echo_only_short_delay"
+    echo, bot = recording(name).astype(np.float64), _bot(name)
+    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
+    caller = caller.astype(np.float64)
+    at = int(0.9 * 8000)
+    gain = np.sqrt(np.mean(echo[at : at + len(caller)] ** 2) / np.mean(caller ** 2))
+    mixed = echo.copy()
+    mixed[at : at + len(caller)] += caller * gain
+    alone, talked = _gate_readings(echo, bot, 3.0), _gate_readings(mixed, bot, 3.0)
+    first_lock = next(w for w, r in enumerate(alone) if r.echo_locked)
+    heard = [w for w, r in enumerate(alone) if r.ref_db > -99.0 and r.level_db > -45.0]
+    early = [alone[w].echo_match for w in heard if w < first_lock]
+    assert len(early) >= 5 and np.median(early) >= 0.8, early  # before any delay lock
+    over = [w for w in heard if at <= w * WINDOW and (w + 1) * WINDOW <= at + len(caller)
+            and np.mean(caller[w * WINDOW - at : (w + 1) * WINDOW - at] ** 2) * gain**2
+            > 10 ** (-40 / 10)]
+    assert len(over) >= 20
+    drop = [alone[w].echo_match - talked[w].echo_match for w in over]
+    assert np.median(drop) >= 0.15, drop
+    assert np.median([talked[w].echo_match for w in over]) <= 0.7
+    silent = _gate_readings(recording("barge_in_mid_jfk"), np.zeros(0), 1.0)
+    assert all(r.echo_match == 0.0 for r in silent)
