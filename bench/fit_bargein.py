@@ -4,9 +4,10 @@
 Two steps:
 
 1. **Log.** Every train call is replayed once through the real call controller with a decision
-   that never acts (it never starts a caller turn, so the bot plays every turn in full and the
-   echo in the recording always matches what was played) and with the gate's margins open (so
-   the window features are computed on every window). Each VAD window's readings are kept:
+   that acts only on a window 25 dB over the echo and the noise (``is_instant``: the bot is
+   paused there and the recording's echo goes on, as in an open-loop replay; until then the
+   echo in the recording matches what was played) and with the gate's margins open (so the
+   window features are computed on every window). Each VAD window's readings are kept:
    Silero on the raw and on the echo-cancelled audio, the gate's reading, the features, what
    the bot was doing. Written to ``--windows`` (``.npz``).
 2. **Fit.** A seeded random search over the decision's thresholds re-runs
@@ -43,7 +44,7 @@ FIT_FILE = Path(__file__).resolve().parents[1] / "vad" / "bargein_fit.json"
 EARLY_SLACK_MS = 50.0  # linesim.scoring / eval_bargein.py
 LATE_LIMIT_MS = 1500.0
 _GATE = ("level_db", "echo_db", "noise_db", "echo_locked", "echo_free", "band_snr_db", "ref_db",
-         "erl_db", "echo_corr", "unexplained_db", "prior_echo_db", "prior_fit")
+         "erl_db", "echo_corr", "unexplained_db", "prior_echo_db", "prior_fit", "echo_match")
 _COLS = ("t_ms", "prob", "clean", *_GATE, "voicing", "dtmf", "bot")
 _BOT = {"silent": 0, "interruptible": 1, "non_interruptible": 2}
 
@@ -131,7 +132,15 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
     from gateway.replay import replay
     from vad import BargeInPolicy, BargeInSettings, EchoGateSettings, VadEngine
 
-    never = CallSettings(barge_in=BargeInSettings(start_windows=10**9),
+    # One window 25 dB over the echo and the noise (``is_instant``) does start a turn: the
+    # bot is paused there, as a live decision would pause it, and the windows after hold the
+    # recording's echo with no reference to it, as an open-loop replay's do (45 of the small
+    # grid's 184 train calls, 19 of the impacts grid's 32). A log where the bot never stops
+    # (``instant_margin_db`` 1e9) was measured in session 16 and not adopted: the classifier
+    # retrained on it resumed the bot over more real barge-ins (docs/bargein.md). It does not
+    # run the caller classifier: the log must not depend on the weights it retrains.
+    never = CallSettings(barge_in=BargeInSettings(start_windows=10**9, classifier_on=None,
+                                                  classifier_veto=None),
                          echo=EchoGateSettings(echo_margin_db=-1000.0, noise_margin_db=-1000.0,
                                                min_level_dbfs=-1000.0))
     rows: list[list[float]] = []
@@ -212,11 +221,12 @@ def window_inputs(rows: np.ndarray, params: dict[str, Any]) -> Iterator[tuple[An
     bots = (BotState.SILENT, BotState.INTERRUPTIBLE, BotState.NON_INTERRUPTIBLE)
     for r in rows:
         (t, prob, clean, level, echo, noise, locked, free, band, ref, erl, corr, unexp, prior,
-         prior_fit, voicing, dtmf, bot) = r
+         prior_fit, match, voicing, dtmf, bot) = r
         passes = level >= -55.0 and level >= noise + nm and level >= echo + em
         gate = GateReading(float(level), float(echo), float(noise), bool(locked), bool(passes),
                            bool(free), float(band), float(ref), float(erl), float(corr),
-                           float(unexp), float(prior), float(prior_fit))
+                           float(unexp), float(prior), float(prior_fit),
+                           echo_match=float(match))
         yield (float(t), float(prob), gate, WindowFeatures(float(voicing), float(dtmf)),
                bots[int(bot)], None if clean < 0 else float(clean))
 

@@ -159,7 +159,8 @@ class CallerFeatures:
 
     HISTORY = 2
     """Windows before this one whose readings the input carries."""
-    _CARRIED = (0, 1, 2, 3, 4, 13, 14)  # prob, clean, echo/noise margins, explained, level, voicing
+    # prob, clean, echo/noise margins, explained, level, voicing, echo_match
+    _CARRIED = (0, 1, 2, 3, 4, 13, 14, 20)
 
     def __init__(self) -> None:
         self._prev: deque[list[float]] = deque(maxlen=self.HISTORY)
@@ -188,6 +189,7 @@ class CallerFeatures:
             float(gate.passes),
             min(self._echo_windows * WINDOW_MS, 2000.0) / 1000.0,
             _clip(level - background_db, -20.0, 40.0) if background_db is not None else 4.0,
+            gate.echo_match,
         ]
         x = list(base)
         for back in range(self.HISTORY):
@@ -485,7 +487,7 @@ class BargeInSettings:
     talks on over them, not paused. Capping from any turn, or from the turn in progress, also
     learns a TV's and babble's own "turns": train first stops FS 42 -> 49 (the floor off) and
     42 -> 46; the check split with the second, 80/80 FI 1 -> 77/80 FI 5 (babble 8/8 -> 5/8)."""
-    classifier_on: float | None = 0.95
+    classifier_on: float | None = 0.9
     """The classifier's fast path (with an echo canceller in front): a window that
     :class:`CallerClassifier` scores at least this for ``classifier_windows`` windows in a row is
     the caller whatever the hand-set paths and vetoes say, if the engine computed its features
@@ -494,11 +496,17 @@ class BargeInSettings:
     stops of 216 calls, out of fold: 88/96 FS 47 120/420 ms -> 89/96 FS 35 124/420 ms;
     docs/bargein.md): 0.95, 1 window, veto 0.1. On by default since session 12 (reserved check
     split, same run: false interrupts 1 -> 0 of 184 calls and 7 -> 0 of the 32 ``impacts``
-    calls, p50/p95 166/426 -> 168/448 ms; the dev set's gate holds). None: off (YAML
-    ``classifier: off``)."""
+    calls, p50/p95 166/426 -> 168/448 ms; the dev set's gate holds). Session 16 retrained it
+    with the gate's ``echo_match`` among its inputs, on train windows logged afresh: 0.9, 1
+    window, veto 0.2 (first stops out of fold 89/96 FS 47 112/420 ms -> 91/96 FS 32 112/405
+    ms). None: off (YAML ``classifier: off``)."""
     classifier_windows: int = 1
     """... windows in a row (this one included) the score must hold for; at least 1."""
-    classifier_veto: float | None = 0.1
+    classifier_noise_db: float | None = 6.0
+    """The fast path takes a window only this far over the line's noise floor (dB): a babble
+    that the classifier takes for the caller stands a few dB over the floor it sets itself
+    (``bench.fit_classifier``'s SEARCH says why 6). None: no such floor."""
+    classifier_veto: float | None = 0.2
     """A window the other paths call the caller is not, where the classifier scores it under
     this (and the line is not known to be echo-free). None: no such veto."""
 
@@ -749,6 +757,8 @@ class BargeInPolicy:
                     or self.score >= s.classifier_veto)
         return (self._score_run >= s.classifier_windows and feat.dtmf < s.dtmf_max
                 and gate.level_db >= s.band_min_level_dbfs
+                and (s.classifier_noise_db is None
+                     or gate.level_db - gate.noise_db >= s.classifier_noise_db)
                 and wants_features(gate, s.band_min_level_dbfs))
 
     def _predicted_by_prior(self, gate: GateReading) -> bool:

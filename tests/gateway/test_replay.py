@@ -121,15 +121,14 @@ def _strong_echo_call(tmp_path: Any, *, delay_ms: int, erl_db: float) -> tuple[A
     return wav, script
 
 
-_KNOWN_LIMIT = pytest.mark.xfail(strict=True, reason=(
-    "docs/bargein.md known limits: at 450 ms and 8 dB the echo stands 13-17 dB over the "
-    "gate's pre-lock prediction, and 1.6 s in AEC3's residual scores 0.6-0.8"))
-
-
+# 450 ms and 8 dB was a known limit (strict xfail) until session 16: the echo stands 13-17 dB
+# over the gate's pre-lock prediction, and 1.6 s in AEC3's residual scores 0.6-0.8. The caller
+# classifier retrained with the gate's echo_match among its inputs vetoes those windows at its
+# fitted 0.2 (with a veto of 0.1, or none, the bot is paused 1960 ms in).
 @pytest.mark.parametrize(("delay_ms", "erl_db"), [
     (150, 7.0),
     (300, 9.0),
-    pytest.param(450, 8.0, marks=_KNOWN_LIMIT),
+    (450, 8.0),
 ])
 async def test_strong_echo_from_the_first_word_never_stops_the_bot(
         tmp_path: Any, delay_ms: int, erl_db: float) -> None:

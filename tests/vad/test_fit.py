@@ -42,9 +42,9 @@ def _log(rows: list[list[float]], labels: dict[str, object]) -> dict[str, object
 
 def _window(t: float, prob: float, level: float, bot: int = 1) -> list[float]:
     # t, prob, clean, level, echo, noise, locked, free, band, ref, erl, corr, unexplained,
-    # prior_echo, prior_fit, voicing, dtmf, bot
+    # prior_echo, prior_fit, echo_match, voicing, dtmf, bot
     return [t, prob, prob, level, -100.0, -35.0, 0, 0, 0.0, -100.0, 0.0, 1.0, level, -100.0,
-            0.0, 0.9, 0.0, bot]
+            0.0, 0.0, 0.9, 0.0, bot]
 
 
 @pytest.mark.parametrize(("onset", "detected", "false_stops"), [

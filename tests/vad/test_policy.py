@@ -782,7 +782,7 @@ def test_a_held_window_does_not_hold_the_caller_the_fit_then_learns() -> None:
 # -- the caller classifier's fast path (classifier_on) ---------------------------------------
 def _sure(score: float) -> CallerClassifier:
     """A network that gives every window ``score``, whatever it reads."""
-    n = 34  # CallerFeatures' inputs
+    n = 37  # CallerFeatures' inputs
     logit = float(np.log(score / (1.0 - score)))
     return CallerClassifier(np.zeros(n), np.ones(n), np.zeros((n, 2)), np.zeros(2),
                             np.zeros(2), logit)
@@ -791,7 +791,7 @@ def _sure(score: float) -> CallerClassifier:
 FAST = BargeInSettings(classifier_on=0.5, classifier_windows=2)
 # A window no hand-set path takes for the caller (Silero low, the gate shut), while the bot
 # talks, over the floors and in the clean path's feature candidates (features computed):
-HELD_BY_PATHS = replace(OVER_ECHO, echo_locked=False)
+HELD_BY_PATHS = replace(OVER_ECHO, echo_locked=False, noise_db=-40.0)
 
 
 def _fast(policy: BargeInPolicy, windows: int, bot: BotView, feat: WindowFeatures = VOICED,
@@ -823,6 +823,8 @@ def test_the_classifier_never_stops_a_non_interruptible_utterance() -> None:
     (HELD_BY_PATHS, VOICED, None),  # no canceller in front: the classifier is not run
     (replace(HELD_BY_PATHS, level_db=-58.0, noise_db=-70.0, echo_db=-70.0), VOICED, 0.1),
     (replace(HELD_BY_PATHS, level_db=-40.0), VOICED, 0.1),  # no features computed for it
+    # 4 dB over the line's noise floor, under classifier_noise_db (a babble's own floor)
+    (replace(HELD_BY_PATHS, noise_db=-30.0), VOICED, 0.1),
 ])
 def test_the_classifier_fast_path_guards(gate: GateReading, feat: WindowFeatures,
                                          clean: float | None) -> None:
