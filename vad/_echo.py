@@ -204,15 +204,21 @@ class GateReading:
     and 80 ms after the fork); 0 with fewer than 20 such hops (160 ms), or no lock.
     Near 1 when the line still carries the bot; a caller's voice does not follow it."""
     echo_match: float = 0.0
-    """How much the window's last 32 ms sound like the bot's audio at some lag in range: the
-    Pearson correlation of their spectro-temporal patches (four 32 ms frames, one per 8 ms hop,
-    in 16 log-spaced bands from 250 Hz to 3.4 kHz, each stream's band levels less their
-    running mean), the best over every lag whose bot frame is within 30 dB of the loudest in
-    range. An echo is a filtered copy of the bot, so its patch follows the bot's at the echo's
-    delay at any loss, from the first syllable and with no lock (train split: 0.81/0.91/0.96
-    at p10/p50/p90 of echo-dominated windows); a caller as loud as the echo pulls it down
-    (0.46/0.69/0.85), one 10 dB over it further (0.26/0.48/0.70). 0 where no bot frame in
-    range reaches -55 dBFS."""
+    """How much the window sounds like the bot's audio at some lag in range: the Pearson
+    correlation of their spectro-temporal patches (the four 32 ms frames that end at the
+    window's four hops, 56 ms of audio, in 16 log-spaced bands from 250 Hz to 3.4 kHz, each
+    stream's band levels less their running mean), the best over every lag whose bot frame
+    (the patch's newest) is within 30 dB of the loudest in range. An echo is a filtered copy of
+    the bot, so its patch follows the bot's at the echo's delay at any loss, from the first
+    syllable and with no lock (train split: 0.81/0.91/0.96 at p10/p50/p90 of echo-dominated
+    windows); a caller as loud as the echo pulls it down (0.46/0.69/0.85), one 10 dB over it
+    further (0.26/0.48/0.70). 0 where no bot frame in range reaches -55 dB on the frames' own
+    scale (about 1.25 dB under their mean square), or no hop in range is active bot audio
+    (``ref_active_dbfs``). Known defect (session 16's review; the shipped classifier was
+    trained with it): where the bot starts after a quiet stretch, the lags whose patch begins
+    before its first hop read those older frames' centred levels as the ring's last lap left
+    them (the quiet branch resets only their frame level), which moves the reading by ~0.02 in
+    the first windows."""
 
     @property
     def over_echo_db(self) -> float:
