@@ -63,7 +63,7 @@ def test_the_fitted_classifier_is_the_files_thresholds() -> None:
     fitted = call_settings_from(BargeInConfig(classifier="fitted")).barge_in
     params = json.loads(CLASSIFIER_FILE.read_text())["params"]
     assert {f"barge_in.{k}": getattr(fitted, k) for k in
-            ("classifier_on", "classifier_windows", "classifier_veto")} == params
+            ("classifier_on", "classifier_windows", "classifier_veto", "classifier_noise_db")} == params
     assert fitted.classifier_on is not None and fitted.classifier_veto is not None
     assert BargeInConfig(classifier=False).classifier == "off"  # type: ignore[arg-type]
     off = call_settings_from(BargeInConfig(classifier="off")).barge_in
