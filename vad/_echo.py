@@ -53,6 +53,7 @@ cost per window falls with the batch. :class:`EchoGate` is one call's gate on a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,6 +97,12 @@ _MASK = _RING - 1  # a power of two: ``h & _MASK`` is ``h % _RING``, negative ho
 _INITIAL_ROWS = 16
 
 Floats = npt.NDArray[np.float64]
+
+
+def _band_masks(freqs: npt.NDArray[np.floating[Any]], bands: list[tuple[float, float]]) -> Floats:
+    """(bins, bands): 1 where a spectrum's bin at ``freqs`` falls in a band [lo, hi), else 0."""
+    return np.stack([((freqs >= lo) & (freqs < hi)).astype(np.float64) for lo, hi in bands],
+                    axis=1)
 
 
 def _db(energy: Floats) -> Floats:
@@ -281,8 +288,7 @@ class EchoGateBank:
         hop_freqs = np.fft.rfftfreq(HOP, 1 / sample_rate)
         # (bins, bands): band energies of a hop's spectrum, in mean-square units (one-sided
         # interior bins count twice: Parseval over the 64-sample hop).
-        self._bandsum = np.stack([((hop_freqs >= lo) & (hop_freqs < hi)).astype(np.float64)
-                                  for lo, hi in _EXPLAIN_BANDS], axis=1) * (2.0 / HOP**2)
+        self._bandsum = _band_masks(hop_freqs, list(_EXPLAIN_BANDS)) * (2.0 / HOP**2)
         if self._nlag + self._kx + 2 * _MAX_HOPS >= _RING:
             raise ValueError(f"max_lag_ms {s.max_lag_ms} is too long for the reference ring")
         self._lam = float(np.exp(-self._hop_s / s.forget_s))
@@ -292,10 +298,8 @@ class EchoGateBank:
         self._nwin = max(8, int(s.noise_window_s / self._hop_s))
         self._echo_line_hops = int(round(s.echo_line_s / self._hop_s))
         freqs = np.fft.rfftfreq(256, 1 / sample_rate)
-        edges = np.geomspace(250.0, 3400.0, _MATCH_BANDS + 1)
-        self._match_bands = np.stack([((freqs >= lo) & (freqs < hi)).astype(np.float64)
-                                      for lo, hi in zip(edges[:-1], edges[1:], strict=True)],
-                                     axis=1)  # (bins, bands)
+        edges = np.geomspace(250.0, 3400.0, _MATCH_BANDS + 1).tolist()
+        self._match_bands = _band_masks(freqs, list(zip(edges[:-1], edges[1:], strict=True)))
         self._match_hann = np.hanning(_MATCH_N)
         self._band = np.flatnonzero((freqs >= s.band_lo_hz) & (freqs <= s.band_hi_hz))
         self._free: list[int] = []
