@@ -125,9 +125,20 @@ SEARCH: dict[str, list[Any]] = {
 }
 
 
-def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
-    """Replay simulated calls under a decision that never acts; every window's readings."""
-    from bench.robustness import bot_turns
+def log_windows(calls: list[Any], *, runtime: str = "onnx", decision: str = "never",
+                loop: str = "closed") -> dict[str, Any]:
+    """Replay simulated calls under a decision that never acts; every window's readings.
+
+    ``decision="configured"`` logs them instead as the configured decision (the shipped
+    thresholds and classifier) acts on them, closed loop (``bench.robustness``: the echo
+    follows what the gateway played, so a pause silences it): the windows of pauses, resumes
+    and the caller's turns as a live line has them; with ``loop="open"`` the recording is
+    replayed as written, its echo going on after a pause, as ``callgate replay`` and the
+    evaluator have it. ``bench.fit_classifier --acting`` trains on such logs beside the
+    never-acting one (session 17 measured both loops and shipped neither: docs/bargein.md);
+    the thresholds' first-stop fits read only the never-acting log, whose windows before any
+    stop do not depend on the decision."""
+    from bench.robustness import _replay_closed, bot_turns
     from gateway.call import CallSettings
     from gateway.replay import replay
     from vad import BargeInPolicy, BargeInSettings, EchoGateSettings, VadEngine
@@ -143,13 +154,17 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
                                                   classifier_veto=None),
                          echo=EchoGateSettings(echo_margin_db=-1000.0, noise_margin_db=-1000.0,
                                                min_level_dbfs=-1000.0))
+    if decision not in ("never", "configured"):
+        raise ValueError(f"decision must be never or configured, got {decision!r}")
+    if loop not in ("closed", "open"):
+        raise ValueError(f"loop must be closed or open, got {loop!r}")
     rows: list[list[float]] = []
     meta: list[dict[str, Any]] = []
     original = BargeInPolicy.step
 
     def spy(self: Any, prob: float, gate: Any, feat: Any, bot: Any, *,
             clean_prob: float | None = None, ghost: Any = None) -> Any:
-        # (No ghost is logged: this decision never pauses, so no gate copy is ever kept.)
+        # (No ghost is logged: the classifier does not read it.)
         rows.append([self._window * 32.0 + 32.0, prob, -1.0 if clean_prob is None else clean_prob,
                      *(float(getattr(gate, k)) for k in _GATE), feat.voicing, feat.dtmf,
                      _BOT[getattr(bot, "audible", bot).value]])  # a BotView or a BotState
@@ -160,10 +175,14 @@ def log_windows(calls: list[Any], *, runtime: str = "onnx") -> dict[str, Any]:
         async with VadEngine(runtime=runtime) as engine:  # type: ignore[arg-type]
             with tempfile.TemporaryDirectory(prefix="fit-") as tmp:
                 for call in calls:
-                    path = Path(tmp) / f"{call.name}.twilio.jsonl"
-                    path.write_text("\n".join(call.messages()) + "\n")
                     start = len(rows)
-                    await replay(path, bot_script=bot_turns(call), settings=never, vad=engine)
+                    if decision == "configured" and loop == "closed":
+                        await _replay_closed(call, CallSettings(), engine)
+                    else:
+                        path = Path(tmp) / f"{call.name}.twilio.jsonl"
+                        path.write_text("\n".join(call.messages()) + "\n")
+                        await replay(path, bot_script=bot_turns(call), vad=engine,
+                                     settings=never if decision == "never" else CallSettings())
                     meta.append({"labels": call.labels, "start": start, "end": len(rows)})
 
     # The spy patched onto the class records every step's inputs (restored below).
@@ -401,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=Path, action="append",
                     help="each grid's windows log: read if it exists, else written "
                          "(default: fit_windows_GRID.npz)")
+    ap.add_argument("--acting", choices=("closed", "open"),
+                    help="also log each grid's calls as the configured decision acts on them, "
+                         "closed loop or open, beside its --windows (NAME_acting_LOOP.npz), for "
+                         "bench.fit_classifier --acting; the fit reads neither")
     ap.add_argument("--candidates", type=int, default=200)
     ap.add_argument("--out", type=Path, default=FIT_FILE)
     args = ap.parse_args(argv)
@@ -411,11 +434,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{len(grids)} grids need as many --windows, got {len(paths)}")
     logs = []
     for name, path in zip(grids, paths, strict=True):
-        if not path.exists():
-            conditions = grid(name)
+        conditions = grid(name)
+        acting = path.with_name(f"{path.stem}_acting_{args.acting}.npz")
+        for decision, out in (("never", path), ("configured", acting)):
+            if out.exists() or (decision == "configured" and not args.acting):
+                continue
             _save(_concat([log_windows(list(iter_calls(
                 conditions, split="train", seed=seed,
-                count=len(conditions) * args.calls_per_point))) for seed in seeds]), path)
+                count=len(conditions) * args.calls_per_point)), decision=decision,
+                loop=args.acting or "closed") for seed in seeds]), out)
         logs.append(_load(path))
     result = fit(_concat(logs), candidates=args.candidates)
     result["source"] = {"split": "train", "grids": grids, "calls_per_point":

@@ -10,17 +10,21 @@ Three steps, all seeded and deterministic:
 1. **Inputs and truth.** The train windows logs of :mod:`bench.fit_bargein`
    (``bench/data/fit_windows_train.npz``, the small grid's, and ``fit_windows_impacts.npz``,
    loud bursts close to the phone) are stepped through a decision that never acts, as the
-   call controller steps it, and each window's input vector is kept. A window is the caller's
+   call controller steps it, and each window's input vector is kept. (``--acting`` adds logs
+   of the same calls taken as the configured decision acts on them: measured in session 17
+   and not shipped, docs/bargein.md.) A window is the caller's
    where it overlaps one of the labels' ``speech`` or ``backchannel`` events (a TV, music,
    babble, a cough or a key tone are events of other kinds: not the caller); the first
    ``ONSET_MS`` of each weigh ``ONSET_WEIGHT`` times (onsets are what barge-in latency is).
 2. **Weights.** A one-hidden-layer tanh network trained by full-batch Adam on a weighted
-   log-loss. For validation the train calls are split in two by call (alternate calls): each
-   half's network is scored on the other half's windows (log-loss, and the share of caller /
+   log-loss. For validation the train calls are split in two by call (alternate calls; a
+   call's windows of every log in the same half): each half's network is scored on the other
+   half's windows (log-loss, and the share of caller /
    other windows over 0.5).
 3. **Thresholds.** The fast path's ``classifier_on`` and ``classifier_windows`` and the veto's
    ``classifier_veto`` are searched by :mod:`bench.fit_bargein`'s first-stop scoring and
-   objective, each call scored with the half network that did not see it (out of fold). The
+   objective on the never-acting log alone (its windows before a stop do not depend on the
+   decision), each call scored with the half network that did not see it (out of fold). The
    network shipped is then trained on every train call; the file records both scores.
 
 The check split is never read here (``python -m bench.robustness --split check`` reports it).
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +44,7 @@ import numpy.typing as npt
 
 from bench import fit_bargein
 
-__all__ = ["SEARCH", "fit", "inputs", "main", "train"]
+__all__ = ["SEARCH", "fit", "inputs", "main", "train", "training_set"]
 
 WINDOWS = fit_bargein.WINDOWS
 OUT = Path(__file__).resolve().parents[1] / "vad" / "bargein_classifier.json"
@@ -94,6 +99,21 @@ def inputs(log: dict[str, Any]) -> tuple[F64, F64, F64, npt.NDArray[np.int64]]:
     return np.asarray(xs), np.asarray(ys), np.asarray(ws), np.asarray(calls, dtype=np.int64)
 
 
+def training_set(log: dict[str, Any], acting: Sequence[dict[str, Any]] = ()
+                 ) -> tuple[F64, F64, F64, npt.NDArray[np.int64]]:
+    """:func:`inputs` of ``log`` and of each ``acting`` log (the same calls, in the same order,
+    logged as the configured decision acts), one set; a call keeps its index in every log, so a
+    fold by call holds out all of its windows."""
+    parts = [inputs(log)]
+    names = [m["labels"]["name"] for m in log["meta"]]
+    for other in acting:
+        if [m["labels"]["name"] for m in other["meta"]] != names:
+            raise ValueError("an acting log's calls are not the windows log's, in order")
+        parts.append(inputs(other))
+    x, y, w, calls = (np.concatenate(a) for a in zip(*parts, strict=True))
+    return x, y, w, calls
+
+
 def _round(a: F64) -> F64:
     return np.asarray([float(f"{v:.{DIGITS}g}") for v in a.ravel()]).reshape(a.shape)
 
@@ -136,9 +156,11 @@ def _quality(model: Any, x: F64, y: F64) -> dict[str, float]:
             "other_over_half": round(float(np.mean(p[y == 0] >= 0.5)), 4)}
 
 
-def fit(log: dict[str, Any], *, seed: int = 0, passes: int = 3) -> dict[str, Any]:
-    """The shipped network, its validation, and the thresholds first-stop scoring chooses."""
-    x, y, w, calls = inputs(log)
+def fit(log: dict[str, Any], acting: Sequence[dict[str, Any]] = (), *, seed: int = 0,
+        passes: int = 3) -> dict[str, Any]:
+    """The shipped network (trained on ``log`` and ``acting``: :func:`training_set`), its
+    validation, and the thresholds first-stop scoring chooses on ``log``."""
+    x, y, w, calls = training_set(log, acting)
     half = calls % 2
     folds = [train(x[half != k], y[half != k], w[half != k], seed=seed) for k in (0, 1)]
     validation = [_quality(folds[k], x[half == k], y[half == k]) for k in (0, 1)]
@@ -179,9 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=Path, action="append",
                     help="a windows log of bench.fit_bargein; repeatable (default: the shipped "
                          "ones)")
+    ap.add_argument("--acting", type=Path, action="append",
+                    help="a log of the same calls as the configured decision acts on them "
+                         "(python -m bench.fit_bargein --acting), one per --windows, in the "
+                         "same order; repeatable; the network is trained on these too, the "
+                         "thresholds are searched without them (default: none)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    result = fit(fit_bargein.load_windows(tuple(args.windows or WINDOWS)))
+    acting = [fit_bargein.load_windows(tuple(args.acting))] if args.acting else []
+    result = fit(fit_bargein.load_windows(tuple(args.windows or WINDOWS)), acting)
     args.out.write_text(json.dumps(result, sort_keys=True) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "model"}, indent=1))
     return 0

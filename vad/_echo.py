@@ -221,11 +221,9 @@ class GateReading:
     windows); a caller as loud as the echo pulls it down (0.46/0.69/0.85), one 10 dB over it
     further (0.26/0.48/0.70). 0 where no bot frame in range reaches -55 dB on the frames' own
     scale (about 1.25 dB under their mean square), or no hop in range is active bot audio
-    (``ref_active_dbfs``). Known defect (session 16's review; the shipped classifier was
-    trained with it): where the bot starts after a quiet stretch, the lags whose patch begins
-    before its first hop read those older frames' centred levels as the ring's last lap left
-    them (the quiet branch resets only their frame level), which moves the reading by ~0.02 in
-    the first windows."""
+    (``ref_active_dbfs``). Where the bot starts after a quiet stretch, the lags whose patch
+    begins before its first hop read those older frames as level with the mean (zero), not as
+    the ring's last lap left them (session 16's review found that; fixed in session 17)."""
 
     @property
     def over_echo_db(self) -> float:
@@ -657,6 +655,7 @@ class EchoGateBank:
         quiet = np.flatnonzero(~bot)
         if len(quiet):  # no bot audio: no bot frame to read here (a ring lap ago's is stale)
             self._refm_db[rows[quiet, None], hops[quiet] & _MASK] = _FLOOR_DB
+            self._refm[rows[quiet, None], hops[quiet] & _MASK] = 0.0
         c = np.flatnonzero(bot)
         if len(c) == 0:
             return out

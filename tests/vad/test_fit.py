@@ -94,7 +94,7 @@ def test_logs_of_several_seeds_fit_as_one() -> None:
 def test_the_shipped_classifier_is_what_its_training_code_produces() -> None:
     """vad/bargein_classifier.json is ``python -m bench.fit_classifier``'s network, trained on
     the train windows log (the weights as written, to their last digit)."""
-    x, y, w, _ = fit_classifier.inputs(fit_bargein.load_windows(fit_classifier.WINDOWS))
+    x, y, w, _ = fit_classifier.training_set(fit_bargein.load_windows(fit_classifier.WINDOWS))
     model = fit_classifier.train(x, y, w, seed=CLASSIFIER["seed"])
     assert model.to_json() == CLASSIFIER["model"]
     assert CallerClassifier.shipped().to_json() == CLASSIFIER["model"]
@@ -114,3 +114,50 @@ def test_the_classifier_file_records_its_fitted_thresholds() -> None:
     scores = CLASSIFIER["first_stop_out_of_fold"]
     assert fit_bargein.objective(scores["with"]) > fit_bargein.objective(scores["without"])
     assert scores["objective"] == round(fit_bargein.objective(scores["with"]), 4)
+
+
+@pytest.mark.slow
+def test_the_acting_log_has_the_pauses_the_never_acting_one_has_not() -> None:
+    """``log_windows(decision="configured")`` logs a barge-in call as the shipped decision acts
+    on it, closed loop: the bot stops for the caller, so fewer of the windows after the onset
+    hear it. The never-acting log hears it to the end of its turn (a quiet caller: no window
+    25 dB over the echo stops it there). Both log every window, and before the onset the bot
+    plays in the same windows of both. (Their audio is not equal to the sample: the
+    never-acting log replays the recording, whose echo is of the bot's labelled turns; the
+    acting one builds each frame's echo from what the Twilio stand-in played.)"""
+    from linesim import grid, iter_calls
+
+    conditions = [c for c in grid("small") if c.name == "erl20-d150-none-none-quiet-quiet_caller"]
+    call = next(c for c in iter_calls(conditions, split="train", seed=1, count=4)
+                if c.labels["expect"]["barge_in"])
+    onset = call.labels["expect"]["barge_in_onset_ms"]
+    never = fit_bargein.log_windows([call])["rows"]
+    acting = fit_bargein.log_windows([call], decision="configured")["rows"]
+    assert len(never) == len(acting)
+    t, bot = never[:, 0], never[:, -1]
+    before = t <= onset
+    assert before.sum() > 20
+    assert np.array_equal(bot[before], acting[before, -1])
+    assert (bot[before] > 0).sum() > 20
+    after = t > onset + 300.0
+    assert (acting[after, -1] > 0).sum() < (bot[after] > 0).sum()
+    with pytest.raises(ValueError, match="never or configured"):
+        fit_bargein.log_windows([call], decision="sometimes")
+
+
+def test_acting_logs_train_with_their_calls_in_the_same_fold() -> None:
+    """``training_set``: an acting log's windows join the set under the same call indices (a
+    fold by call holds out both logs of a call); a log of other calls is refused."""
+    rows = [_window(32.0 * (k + 1), 0.02, -60.0) for k in range(10)]
+    hit = {"name": "a", "expect": {"barge_in": True, "barge_in_onset_ms": 100.0},
+           "bot_turns": [{"start_ms": 0.0, "end_ms": 5000.0}],
+           "events": [{"kind": "speech", "start_ms": 100.0, "end_ms": 200.0}]}
+    other = dict(hit, name="b")
+    log = fit_bargein._concat([_log(rows, hit), _log(rows[:6], other)])
+    x, y, _, calls = fit_classifier.training_set(log)
+    xa, ya, _, ca = fit_classifier.training_set(log, [log])
+    assert len(xa) == 2 * len(x) and list(ca) == list(calls) * 2
+    assert y.sum() > 0 and list(ya) == list(y) * 2
+    swapped = fit_bargein._concat([_log(rows[:6], other), _log(rows, hit)])
+    with pytest.raises(ValueError, match="not the windows log's"):
+        fit_classifier.training_set(log, [swapped])
