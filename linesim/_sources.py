@@ -294,7 +294,7 @@ class VoiceLibrary:
 def _render(voice: str, text: str, rate_wpm: int, pitch: int) -> bytes:
     from speech import EspeakSynthesizer
 
-    synth = EspeakSynthesizer(voice=voice, rate_wpm=rate_wpm, pitch=pitch)
+    synth = EspeakSynthesizer(voice=voice, rate_wpm=rate_wpm, pitch=pitch, isolated=True)
 
     async def run() -> bytes:
         out = b""

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import shutil
 import sys
+import tempfile
 import threading
+from _ctypes import dlclose as _ctypes_dlclose
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any, Final
 
 from audio import UlawEncoder
@@ -75,18 +79,24 @@ _SynthCallback = ctypes.CFUNCTYPE(
 )
 
 
-class _Engine:
-    """The process's one libespeak-ng, initialised once and used under one lock."""
+def _loader() -> Any:
+    try:
+        import espeakng_loader
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            "the 'espeakng-loader' package is not installed (pip install espeakng-loader)"
+        ) from exc
+    return espeakng_loader
 
-    def __init__(self) -> None:
+
+class _Engine:
+    """A loaded libespeak-ng, initialised once and used under one lock: the process's one
+    (:func:`_get_engine`), or a private copy's for one isolated render (``library``)."""
+
+    def __init__(self, library: str | None = None) -> None:
+        espeakng_loader = _loader()
         try:
-            import espeakng_loader
-        except ImportError as exc:
-            raise EngineUnavailableError(
-                "the 'espeakng-loader' package is not installed (pip install espeakng-loader)"
-            ) from exc
-        try:
-            lib = ctypes.CDLL(espeakng_loader.get_library_path())
+            lib = ctypes.CDLL(library or espeakng_loader.get_library_path())
             data_path = espeakng_loader.get_data_path()
         except (OSError, RuntimeError) as exc:
             raise EngineUnavailableError(f"cannot load libespeak-ng: {exc}") from exc
@@ -118,9 +128,11 @@ class _Engine:
         # the same text in the same voice rendered differently in every process, so the line
         # simulator's calls were not the same from one run to the next (five of its 24 voices;
         # two windows logs of its impacts grid, minutes apart: 2428 rows). Seeded before each text,
-        # a render no longer depends on the clock; its pitch jitter still carries on from the
-        # process's last text, by a mu-law step or two. (eSpeak NG 1.52 has the call; an older
-        # library renders as before.)
+        # a render no longer depends on the clock. Other state still carries on from the
+        # process's earlier texts (in the library's statics, which espeak_Initialize does not
+        # reset: one text in one voice, 28215 bytes fresh, 28217 after two others): an
+        # ``isolated`` synthesizer renders in a library state of its own. (eSpeak NG 1.52 has
+        # the call; an older library renders as before.)
         self._seed = getattr(lib, "espeak_ng_SetRandSeed", None)
         if self._seed is not None:
             self._seed.argtypes = [ctypes.c_long]
@@ -139,6 +151,11 @@ class _Engine:
         # Kept on self: ctypes does not keep the callback alive, and the library holds it.
         self._callback = _SynthCallback(self._on_audio)
         lib.espeak_SetSynthCallback(self._callback)
+
+    def close(self) -> None:
+        """Terminate the library and unload it (an isolated render's engine, used once)."""
+        self._lib.espeak_Terminate()
+        _ctypes_dlclose(self._lib._handle)
 
     def _on_audio(self, wav: Any, count: int, _events: Any) -> int:
         # Runs on the synthesizing thread, inside espeak_Synth. An exception here would be
@@ -225,6 +242,29 @@ def _get_engine() -> _Engine:
         return _engine
 
 
+_isolated_lock = threading.Lock()
+_isolated_dir: tempfile.TemporaryDirectory[str] | None = None
+
+
+def _render_isolated(text: str, **kwargs: Any) -> tuple[bytes, int]:
+    """``text`` rendered (as :meth:`_Engine.render`) by a private copy of libespeak-ng loaded
+    for this text alone, and its sample rate. A copy under another file name is a second
+    instance of the library with statics of its own (the process's engine keeps its handle to
+    the original, so that one is never unloaded); unloading the copy after each text throws its
+    statics away, and the next text starts from the library's initial state (about 10 ms)."""
+    global _isolated_dir
+    with _isolated_lock:
+        if _isolated_dir is None:
+            _isolated_dir = tempfile.TemporaryDirectory(prefix="callgate-espeak-")
+            shutil.copy(_loader().get_library_path(),
+                        Path(_isolated_dir.name) / "libespeak-ng-isolated.so")
+        engine = _Engine(str(Path(_isolated_dir.name) / "libespeak-ng-isolated.so"))
+        try:
+            return engine.render(text, **kwargs), engine.sample_rate
+        finally:
+            engine.close()
+
+
 class EspeakSynthesizer:
     """Offline synthesizer on eSpeak NG; yields 8 kHz mu-law one sentence at a time.
 
@@ -237,6 +277,11 @@ class EspeakSynthesizer:
         rate_wpm: Speaking rate in words per minute (80-450).
         pitch: Base pitch, 0-100 (50 is the voice's normal).
         volume: Amplitude, 0-200 (100 is normal; above it may clip).
+        isolated: Render each sentence in a fresh library state of its own. eSpeak NG carries
+            state in its globals from one text to the next (its initialisation does not reset
+            it), so a sentence's audio depends on what the process rendered before; isolated,
+            the same sentence renders to the same bytes whatever came before (the line
+            simulator's calls). About 10 ms more per sentence.
 
     Raises:
         ConfigurationError: A value out of range, or a voice eSpeak NG does not have.
@@ -250,6 +295,7 @@ class EspeakSynthesizer:
         rate_wpm: int = 165,
         pitch: int = 50,
         volume: int = 100,
+        isolated: bool = False,
     ) -> None:
         for name, value, low, high in (
             ("rate_wpm", rate_wpm, 80, 450),
@@ -269,6 +315,7 @@ class EspeakSynthesizer:
         self.rate_wpm = rate_wpm
         self.pitch = pitch
         self.volume = volume
+        self.isolated = isolated
 
     @property
     def engine_version(self) -> str:
@@ -294,14 +341,12 @@ class EspeakSynthesizer:
             abort.set()
 
     def _render(self, sentence: str, end_pause: bool, abort: threading.Event) -> bytes:
-        pcm = self._engine.render(
-            sentence,
-            voice=self._voice_name,
-            rate_wpm=self.rate_wpm,
-            pitch=self.pitch,
-            volume=self.volume,
-            end_pause=end_pause,
-            abort=abort,
-        )
-        encoder = UlawEncoder(self._engine.sample_rate, byteorder=sys.byteorder)
+        kwargs: dict[str, Any] = {"voice": self._voice_name, "rate_wpm": self.rate_wpm,
+                                  "pitch": self.pitch, "volume": self.volume,
+                                  "end_pause": end_pause, "abort": abort}
+        if self.isolated:
+            pcm, rate = _render_isolated(sentence, **kwargs)
+        else:
+            pcm, rate = self._engine.render(sentence, **kwargs), self._engine.sample_rate
+        encoder = UlawEncoder(rate, byteorder=sys.byteorder)
         return encoder.push(pcm) + encoder.flush()

@@ -139,6 +139,24 @@ def test_a_breathy_voice_renders_the_same_in_every_process() -> None:
     assert first_render("now") == first_render("elsewhere")
 
 
+async def test_an_isolated_synthesizer_renders_a_sentence_the_same_whatever_came_before() -> None:
+    """eSpeak NG carries state in its globals from one text to the next (its initialisation
+    does not reset it), so the process's engine renders a sentence a little differently after
+    other texts; an ``isolated`` synthesizer renders each sentence in a library state of its
+    own, so the line simulator's calls do not depend on the calls generated before them. An
+    isolated render does not disturb the process's engine either."""
+    isolated = EspeakSynthesizer(voice="en-gb+m2", isolated=True)
+    first = b"".join(await render(isolated, SENTENCE))
+    shared = b"".join(await render(EspeakSynthesizer(voice="en-us+f3"), THREE))
+    await render(EspeakSynthesizer(voice="en-gb+f2", isolated=True), "Which would you like?")
+    assert b"".join(await render(isolated, SENTENCE)) == first
+    assert len(first) > 4000
+    # The process's engine goes on from where it was: the same text after the same history
+    # (an isolated render in between is not part of it) is as long as before, to 3 %.
+    again = b"".join(await render(EspeakSynthesizer(voice="en-us+f3"), THREE))
+    assert len(again) == pytest.approx(len(shared), rel=0.03)
+
+
 async def test_leaving_early_frees_the_engine() -> None:
     synthesizer = EspeakSynthesizer()
     async with aclosing(synthesizer.synthesize(THREE)) as pieces:
