@@ -435,14 +435,16 @@ def main(argv: list[str] | None = None) -> int:
     logs = []
     for name, path in zip(grids, paths, strict=True):
         conditions = grid(name)
-        acting = path.with_name(f"{path.stem}_acting_{args.acting}.npz")
-        for decision, out in (("never", path), ("configured", acting)):
-            if out.exists() or (decision == "configured" and not args.acting):
-                continue
-            _save(_concat([log_windows(list(iter_calls(
-                conditions, split="train", seed=seed,
-                count=len(conditions) * args.calls_per_point)), decision=decision,
-                loop=args.acting or "closed") for seed in seeds]), out)
+        jobs = [("never", path, "closed")]
+        if args.acting:
+            jobs.append(("configured", path.with_name(f"{path.stem}_acting_{args.acting}.npz"),
+                         args.acting))
+        for decision, out, loop in jobs:
+            if not out.exists():
+                _save(_concat([log_windows(list(iter_calls(
+                    conditions, split="train", seed=seed,
+                    count=len(conditions) * args.calls_per_point)), decision=decision,
+                    loop=loop) for seed in seeds]), out)
         logs.append(_load(path))
     result = fit(_concat(logs), candidates=args.candidates)
     result["source"] = {"split": "train", "grids": grids, "calls_per_point":

@@ -654,8 +654,9 @@ class EchoGateBank:
         out = np.zeros(b)
         quiet = np.flatnonzero(~bot)
         if len(quiet):  # no bot audio: no bot frame to read here (a ring lap ago's is stale)
-            self._refm_db[rows[quiet, None], hops[quiet] & _MASK] = _FLOOR_DB
-            self._refm[rows[quiet, None], hops[quiet] & _MASK] = 0.0
+            stale = (rows[quiet, None], hops[quiet] & _MASK)
+            self._refm_db[stale] = _FLOOR_DB
+            self._refm[stale] = 0.0
         c = np.flatnonzero(bot)
         if len(c) == 0:
             return out
