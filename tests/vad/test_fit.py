@@ -72,9 +72,31 @@ def test_shipped_file_is_what_the_fit_produces() -> None:
     assert FIT["source"]["grids"] == list(fit_bargein.GRIDS)
     log = fit_bargein.load_windows()
     got = fit_bargein.fit(log, candidates=FIT["candidates"], seed=FIT["seed"],
-                          passes=FIT["passes"])
+                          passes=FIT["passes"], start=FIT["start"])
     assert got["params"] == FIT["params"]
     assert got["train"] == FIT["train"]
+
+
+def test_a_refit_keeps_the_thresholds_it_starts_from_where_the_calls_cannot_tell() -> None:
+    """``start`` (the shipped thresholds, on a refit) stays where no candidate scores strictly
+    better; from the hand-set values alone the same search ends elsewhere."""
+    rows = [_window(32.0 * (k + 1), 0.02, -60.0) for k in range(31)]
+    rows += [_window(32.0 * (k + 1), 0.99, -20.0) for k in range(31, 40)]
+    labels = {"expect": {"barge_in": True, "barge_in_onset_ms": 1000.0},
+              "bot_turns": [{"start_ms": 0.0, "end_ms": 5000.0}],
+              "events": [{"kind": "speech", "start_ms": 1000.0, "end_ms": 1500.0}]}
+    log = _log(rows, labels)
+    start = {k: v[-1] for k, v in fit_bargein.SEARCH.items()}
+    assert start != {k: fit_bargein.HAND_TUNED[k] for k in start}
+    off = fit_bargein.CLASSIFIER_OFF
+    tie = fit_bargein.score(log, dict(off, **start))
+    hand = fit_bargein.score(log, dict(off, **fit_bargein.HAND_TUNED))
+    assert tie["detected"] == hand["detected"] == 1  # both stop within 100 ms of the onset
+    assert fit_bargein.objective(tie) == fit_bargein.objective(hand)
+    got = fit_bargein.fit(log, candidates=20, start=start)
+    assert got["params"] == dict(fit_bargein.HAND_TUNED, **start)
+    assert got["start"] == start
+    assert fit_bargein.fit(log, candidates=20)["params"] == fit_bargein.HAND_TUNED
 
 
 def test_logs_of_several_seeds_fit_as_one() -> None:
