@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CLASSIFIER_OFF", "GRIDS", "SEARCH", "SEEDS", "WINDOWS", "fit", "load_windows",
-           "log_windows", "main", "score", "window_inputs"]
+__all__ = ["CLASSIFIER_OFF", "GRIDS", "SEARCH", "SEEDS", "WINDOWS", "default_windows", "fit",
+           "load_windows", "log_windows", "main", "score", "window_inputs"]
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "vad" / "bargein_fit.json"
 EARLY_SLACK_MS = 50.0  # linesim.scoring / eval_bargein.py
@@ -419,6 +419,14 @@ WINDOWS = tuple(Path(__file__).resolve().parent / "data" / f"fit_windows_{name}.
 """The shipped windows logs of :data:`GRIDS` (``train`` is the small grid's, its older name)."""
 
 
+def default_windows(grids: list[str]) -> list[Path]:
+    """Each grid's shipped windows log (read where it exists, else written): a plain ``python
+    -m bench.fit_bargein`` refits the shipped logs (it logged every call again into the working
+    directory before session 18, 10 minutes on this machine, and fitted those)."""
+    data = WINDOWS[0].parent
+    return [data / f"fit_windows_{'train' if g == 'small' else g}.npz" for g in grids]
+
+
 def load_windows(paths: tuple[Path, ...] = WINDOWS) -> dict[str, Any]:
     """One log of the windows files ``paths`` (the shipped ones by default), in order."""
     return _concat([_load(p) for p in paths])
@@ -438,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                          "and fitted together (default: 1, 3, 5 and 7)")
     ap.add_argument("--windows", type=Path, action="append",
                     help="each grid's windows log: read if it exists, else written "
-                         "(default: fit_windows_GRID.npz)")
+                         "(default: the shipped logs, bench/data/fit_windows_train.npz for "
+                         "small and fit_windows_GRID.npz for the others)")
     ap.add_argument("--acting", choices=("closed", "open"),
                     help="also log each grid's calls as the configured decision acts on them, "
                          "closed loop or open, beside its --windows (NAME_acting_LOOP.npz), for "
@@ -460,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--start {start_file}: not a fit file ({exc})")
     seeds = args.seed or list(SEEDS)
     grids = args.grid or list(GRIDS)
-    paths = args.windows or [Path(f"fit_windows_{g}.npz") for g in grids]
+    paths = args.windows or default_windows(grids)
     if len(paths) != len(grids):
         ap.error(f"{len(grids)} grids need as many --windows, got {len(paths)}")
     logs = []

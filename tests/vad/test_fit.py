@@ -99,6 +99,12 @@ def test_a_refit_keeps_the_thresholds_it_starts_from_where_the_calls_cannot_tell
     assert fit_bargein.fit(log, candidates=20)["params"] == fit_bargein.HAND_TUNED
 
 
+def test_the_fit_reads_the_shipped_logs_by_default() -> None:
+    assert tuple(fit_bargein.default_windows(list(fit_bargein.GRIDS))) == fit_bargein.WINDOWS
+    assert all(p.exists() for p in fit_bargein.WINDOWS)
+    assert fit_bargein.default_windows(["full"])[0].parent == fit_bargein.WINDOWS[0].parent
+
+
 def test_logs_of_several_seeds_fit_as_one() -> None:
     """``--seed 1 --seed 3``: the windows of both runs in one log, each call's rows its own."""
     rows = [_window(32.0 * (k + 1), 0.02, -60.0) for k in range(31)]
