@@ -414,17 +414,17 @@ session 18)."""
 GRIDS = ("small", "impacts")
 """The grids whose train calls the fit logs, each to its own windows file (``impacts`` is kept
 out of ``small`` so that grid's calls, and its log, stay as they were)."""
-WINDOWS = tuple(Path(__file__).resolve().parent / "data" / f"fit_windows_{name}.npz"
-                for name in ("train", "impacts"))
-"""The shipped windows logs of :data:`GRIDS` (``train`` is the small grid's, its older name)."""
-
-
 def default_windows(grids: list[str]) -> list[Path]:
-    """Each grid's shipped windows log (read where it exists, else written): a plain ``python
-    -m bench.fit_bargein`` refits the shipped logs (it logged every call again into the working
-    directory before session 18, 10 minutes on this machine, and fitted those)."""
-    data = WINDOWS[0].parent
+    """Each grid's shipped windows log (``train`` is the small grid's, its older name), read
+    where it exists, else written: a plain ``python -m bench.fit_bargein`` refits the shipped
+    logs (it logged every call again into the working directory before session 18, 10 minutes
+    on this machine, and fitted those)."""
+    data = Path(__file__).resolve().parent / "data"
     return [data / f"fit_windows_{'train' if g == 'small' else g}.npz" for g in grids]
+
+
+WINDOWS = tuple(default_windows(list(GRIDS)))
+"""The shipped windows logs of :data:`GRIDS`."""
 
 
 def load_windows(paths: tuple[Path, ...] = WINDOWS) -> dict[str, Any]:
@@ -460,9 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-start", action="store_true",
                     help="search from the hand-set values alone")
     args = ap.parse_args(argv)
-    start_file = None if args.no_start else (args.start or args.out)
+    start_file = args.start or (args.out if args.out.exists() else None)
     start = None
-    if start_file is not None and (args.start is not None or start_file.exists()):
+    if start_file is not None and not args.no_start:
         try:
             start = json.loads(start_file.read_text())["params"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
