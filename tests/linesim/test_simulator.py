@@ -20,6 +20,7 @@ from linesim import (
     REAL_VOICE_SPLIT,
     Condition,
     ConditionError,
+    SourceError,
     VoiceLibrary,
     generate,
     impacts_grid,
@@ -27,7 +28,8 @@ from linesim import (
     small_grid,
     synthetic_split,
 )
-from linesim._dsp import active_level_dbfs, band_limit, decode_ulaw
+from linesim._dsp import active_level_dbfs, band_limit, decode_ulaw, onset_offset, speech_end
+from linesim._sources import default_corpus_dir
 from linesim._noise import DTMF_FREQS
 
 ECHO_ONLY = Condition(erl_db=12, delay_ms=230, behaviour="echo_only")
@@ -106,6 +108,51 @@ def test_files_follow_the_corpus_format(cond: Condition, library: VoiceLibrary,
     assert b"".join(m.payload for m in media) == read_wav_ulaw(tmp_path / "rec.wav")
     digits = "".join(m.digit for m in msgs if isinstance(m, tp.Dtmf))
     assert digits == expect["dtmf"]
+
+
+def test_corpus_voices_are_train_only_and_labelled_by_the_onset_rule(library: VoiceLibrary
+                                                                     ) -> None:
+    manifest = json.loads((default_corpus_dir() / "manifest.json").read_text())["clips"]
+    assert len({e["voice"] for e in manifest}) == 9
+    corpus = [c for c in library.speech["train"] if c.cut_from.endswith(".wav")
+              and not c.cut_from.count("@")]
+    assert [c.cut_from for c in corpus] == [e["file"] for e in manifest]
+    for clip, e in zip(corpus, manifest, strict=True):
+        assert REAL_VOICE_SPLIT[clip.voice] == "train" and clip.split == "train"
+        assert clip.bed is not None and len(clip.bed) == 2 * 8000
+        # The labels are what the corpus rule finds in the stored audio, to the ms.
+        y = band_limit(clip.samples)
+        assert abs(onset_offset(y) - clip.onset) <= 8, e["file"]
+        assert abs(speech_end(y) - clip.end) <= 8, e["file"]
+        assert clip.onset <= clip.core_onset < clip.end <= len(clip.samples)
+        assert active_level_dbfs(y[clip.onset : clip.end]) == pytest.approx(e["level_dbfs"],
+                                                                          abs=0.05)
+    assert not {c.voice for c in library.speech["check"]} & {c.voice for c in corpus}
+
+
+def test_corpus_leaves_the_check_split_unchanged(tmp_path: Path, library: VoiceLibrary) -> None:
+    (tmp_path / "manifest.json").write_text('{"clips": []}')
+    bare = VoiceLibrary(corpus=tmp_path)
+    assert len(bare.speech["train"]) < len(library.speech["train"])
+    conds = small_grid()[::9]
+    for i, cond in enumerate(conds):
+        a = simulate_call(cond, split="check", seed=5, index=i, library=bare)
+        b = simulate_call(cond, split="check", seed=5, index=i, library=library)
+        assert a.labels == b.labels and a.inbound == b.inbound
+    # ... and does change the train split's callers.
+    train_voices = {e.get("voice") for i, cond in enumerate(small_grid())
+                    for e in simulate_call(cond, split="train", seed=5, index=i,
+                                           library=library).labels["events"]}
+    assert train_voices & {c.voice for c in library.speech["train"]
+                           if c.voice.startswith(("fsdd_", "librispeech_"))}
+
+
+def test_a_broken_corpus_names_its_manifest(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"clips": [{"voice": "nobody", "file": "x.wav"}]}')
+    with pytest.raises(SourceError, match=r"manifest\.json.*nobody"):
+        VoiceLibrary(corpus=tmp_path)
+    with pytest.raises(SourceError, match="manifest.json"):
+        VoiceLibrary(corpus=tmp_path / "missing")
 
 
 def test_split_is_disjoint_by_source(library: VoiceLibrary) -> None:
