@@ -3,8 +3,9 @@
 ``callgate simulate OUT --split train|check --seed S --count N [--condition NAME ...]`` writes
 them; ``python -m bench.robustness`` replays them through the gateway and scores them.
 
-* ``_sources``: the voices (real caller clips cut out of the development recordings, eSpeak NG)
-  and the train/check split by source;
+* ``_sources``: the voices (real caller clips cut out of the development recordings and, for
+  the train split, linesim/voices' corpus; eSpeak NG) and the train/check split by source;
+* ``build_voices``: ``python -m linesim.build_voices``, how linesim/voices was made;
 * ``_noise``: synthetic backgrounds (room tone, hold music, coughs, laughs, breaths, clicks) and
   in-band DTMF;
 * ``_echo``: the echo path (ERL, delay, loudspeaker nonlinearity, impulse response, changes);
