@@ -5,9 +5,12 @@ stop the way the evaluator does."""
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench import fit_bargein, fit_classifier
 from gateway.call import CallSettings
@@ -194,3 +197,37 @@ def test_acting_logs_train_with_their_calls_in_the_same_fold() -> None:
     swapped = fit_bargein._concat([_log(rows[:6], other), _log(rows, hit)])
     with pytest.raises(ValueError, match="not the windows log's"):
         fit_classifier.training_set(log, [swapped])
+
+
+@given(st.lists(st.integers(-100, 1500), max_size=30), st.lists(st.integers(-100, 1500),
+                                                                max_size=10),
+       st.integers(0, 10), st.sampled_from([(0.5, 100.0), (0.95, 250.0)]))
+def test_a_percentile_cannot_end_below_its_least(seen: list[int], later: list[int], more: int,
+                                                 q_goal: tuple[float, float]) -> None:
+    """Whatever latencies (up to ``more``) join the ones seen, the percentile the objective
+    reads ends at or above ``_least_pct``'s (both held to the goal, where the objective stops
+    counting): the search may drop a candidate on it."""
+    q, goal = q_goal
+    later = later[:more]
+    final = sorted(float(v) for v in seen + later)
+    got = final[min(len(final) - 1, round(q * (len(final) - 1)))] if final else None
+    least = fit_bargein._least_pct([float(v) for v in seen], more, q, goal)
+    assert least >= goal
+    if got is not None:
+        assert max(goal, got) >= least
+
+
+def test_a_candidate_is_dropped_only_where_it_cannot_beat() -> None:
+    """``score_to_beat`` gives the full score wherever the objective beats ``beat``, and None
+    where it does not, on the shipped train log (the search's early exit changes no choice)."""
+    log = fit_bargein.load_windows()
+    log = {"rows": log["rows"], "meta": log["meta"][::9]}
+    rng = random.Random(5)
+    for _ in range(4):
+        drawn = {k: rng.choice(v) for k, v in fit_bargein.SEARCH.items()}
+        params = dict(fit_bargein.CLASSIFIER_OFF, **dict(fit_bargein.HAND_TUNED, **drawn))
+        full = fit_bargein.score(log, params)
+        j = fit_bargein.objective(full)
+        assert fit_bargein.score_to_beat(log, params, beat=j - 1e-9) == full
+        assert fit_bargein.score_to_beat(log, params, beat=j) is None
+        assert fit_bargein.score_to_beat(log, params, beat=j + 1.0) is None
