@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bus import RedisBus
+from bus import Event, RedisBus
 from gateway.replay import replay
 from gateway.timeline import Timeline
 from tests import recordings_index as rec
@@ -20,10 +20,43 @@ from tests.redis_server import RedisServer, make_redis_server  # noqa: F401 (fix
 pytestmark = pytest.mark.redis
 
 
-async def _worker(url: str, got: list[dict[str, Any]], ready: asyncio.Event) -> None:
-    async with RedisBus(url) as bus:
-        ready.set()
-        await serve(bus, "w1", recording(got))
+class _GatewayBus(RedisBus):
+    """The gateway's bus, whose ``call_started`` returns once the worker has the call.
+
+    On a real line the bot's first utterance is the worker's: the worker has claimed the call
+    before the bot speaks, so before the outage starts. The replay's scripted bot speaks at a
+    fixed media time instead, 58 ms of wall time in at 10x, and on a loaded machine the worker
+    was still claiming then (its lease script failed with the connection; retried with backoff
+    once Redis was back, it found the call already closed, which by contract is claimed by
+    nobody, and never saw an event of it). Holding the call here until the worker has read
+    ``call_started`` gives the test the order a real line has, however loaded the machine."""
+
+    def __init__(self, url: str, worker_has_call: asyncio.Event) -> None:
+        super().__init__(url)
+        self._worker_has_call = worker_has_call
+
+    async def publish(self, call_sid: str, event: Event) -> str:
+        eid = await super().publish(call_sid, event)
+        if event["type"] == "call_started":
+            await self._worker_has_call.wait()
+        return eid
+
+
+async def _worker(
+    url: str, got: list[dict[str, Any]], ready: asyncio.Event, has_call: asyncio.Event
+) -> None:
+    record = recording(got)
+
+    async def react(call_sid: str, event: Event) -> None:
+        await record(call_sid, event)
+        has_call.set()  # claimed, and its uplink read
+
+    try:
+        async with RedisBus(url) as bus:
+            ready.set()
+            await serve(bus, "w1", react)
+    finally:
+        has_call.set()  # a worker that failed must not hold the call forever: its error is the news
 
 
 async def test_barge_in_during_a_redis_outage(make_redis_server: Callable[..., RedisServer]) -> None:
@@ -41,14 +74,14 @@ async def test_barge_in_during_a_redis_outage(make_redis_server: Callable[..., R
             outage["up"] = event["t_ms"]
 
     got: list[dict[str, Any]] = []
-    ready = asyncio.Event()
-    worker = asyncio.create_task(_worker(server.url, got, ready))
+    ready, has_call = asyncio.Event(), asyncio.Event()
+    worker = asyncio.create_task(_worker(server.url, got, ready, has_call))
     await ready.wait()
     timeline = Timeline()
     timeline.add_listener(on_event)
-    async with RedisBus(server.url) as gateway_bus:
-        # Paced (10x): the worker must have claimed the call before Redis goes away, as it
-        # would have on a real line.
+    async with _GatewayBus(server.url, has_call) as gateway_bus:
+        # The worker has claimed the call before Redis goes away, as it would have on a real
+        # line (see _GatewayBus); paced (10x) from there.
         await replay(rec.source(name), bot_script=_script(name, False), bus=gateway_bus,
                      timeline=timeline, realtime=True, speed=10.0)
         assert await gateway_bus.flush(timeout=20)
