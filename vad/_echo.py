@@ -154,6 +154,16 @@ class EchoGateSettings:
     a lag, short enough that a caller's first words are most of it."""
     explain_erl_db: float = 6.0
     """The strongest echo that fit may assume (the issue's worst plausible path: loss 6 dB)."""
+    follow_unlocked_hops: int | None = 2
+    """A ghost copy (a paused utterance's would-be audio) whose delay never locked finds its
+    own: it reads ``follow_corr`` at every lag of the range this many hops apart and reports it
+    at the lag that followed best over its windows so far. A pause early in the bot's first
+    turn, before any delay could lock, then still tells a line that goes on playing the bot
+    (``BargeInSettings.pause_echo_corr``). Check split, two seeds, both grids (session 20,
+    docs/bargein.md): on a line that obeys the clear (closed loop) every call the same; replayed
+    open loop, one echo-only false interrupt fewer (a first-turn echo at 6 dB committed 1.5 s
+    after its pause), every other verdict the same, the pauses of six calls moved. None: such a
+    copy reads none (``follow_corr`` 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +274,7 @@ class EchoGateBank:
     _inbb: Floats
     _ghost: npt.NDArray[np.bool_]
     _ghost_from: npt.NDArray[np.int64]
+    _ghost_lagsum: Floats
     _refw: npt.NDArray[np.float32]
     _refm: Floats
     _refm_db: Floats
@@ -336,6 +347,7 @@ class EchoGateBank:
             # reports how the inbound follows its reference at that delay (follow_corr).
             ("_ghost", (), False, np.bool_),
             ("_ghost_from", (), 0, i64),  # the first inbound hop follow_corr reads
+            ("_ghost_lagsum", (self._nlag,), 0.0, f64),  # follow_corr per lag, summed
             # echo_match: the bot's waveform per hop (its frames straddle hops and chunks), its
             # centred band levels and frame level per hop, the inbound's last three hops and
             # centred levels of its last frames, and each stream's running mean per band.
@@ -576,6 +588,19 @@ class EchoGateBank:
         haunted = np.flatnonzero(self._ghost[rows] & locked)
         if len(haunted):
             follow[haunted] = self._follow(rows[haunted], h0[haunted] + nh, lag[haunted])
+        step = self.settings.follow_unlocked_hops
+        lost = np.flatnonzero(self._ghost[rows] & ~locked)
+        if step is not None and len(lost):
+            at = np.arange(0, self._nlag, step)
+            r = self._follow(rows[lost], h0[lost] + nh, np.tile(at, (len(lost), 1)))
+            # Read at the lag the windows before this one followed best, summed since the fork:
+            # the best lag of each window alone finds some lag that a caller's envelope
+            # follows by chance on 30 % of their windows (r >= 0.85; 2 % read so, as at a
+            # locked delay), the echo going on at its own lag on 95-100 % either way.
+            seen = self._ghost_lagsum[rows[lost][:, None], at[None, :]]
+            pick = np.argmax(seen, axis=1)
+            follow[lost] = np.where(seen.max(axis=1) > 0.0, r[np.arange(len(lost)), pick], 0.0)
+            self._ghost_lagsum[rows[lost][:, None], at[None, :]] = seen + r
         # Hops now behind the lag range and the fit's history: zero them for the ring's next lap.
         gone = (((h0[:, None] + np.arange(nh)[None, :] - (nlag - 1) - self._kx) & _MASK)
                 + (rows * _RING)[:, None])
@@ -688,25 +713,28 @@ class EchoGateBank:
 
     def _follow(self, rows: npt.NDArray[np.intp], end: npt.NDArray[np.int64],
                 lag: npt.NDArray[np.int64]) -> Floats:
-        """``GateReading.follow_corr`` of ghost ``rows`` whose inbound hops end before ``end``.
-        (Reference hops older than the lag range and the fit's history are zeroed: at delays
-        over ~360 ms fewer of the window's hops can count.)"""
+        """``GateReading.follow_corr`` of ghost ``rows`` whose inbound hops end before ``end``,
+        at each row's ``lag`` (shape (r,)), or at each of its lags (shape (r, m): an (r, m)
+        result). (Reference hops older than the lag range and the fit's history are zeroed: at
+        delays over ~360 ms fewer of the window's hops can count.)"""
         s = self.settings
         k = _FOLLOW_HOPS
+        lags = lag.reshape(len(rows), -1)  # (r, m)
         hops = end[:, None] - k + np.arange(k)[None, :]  # (r, k): the last k inbound hops
         inb = self._inbb[rows[:, None], hops & (_INB - 1)].sum(axis=2)
-        ref_db = self._ref_db[rows[:, None], (hops - lag[:, None]) & _MASK]
+        ref_db = self._ref_db[rows[:, None, None], (hops[:, None, :] - lags[:, :, None]) & _MASK]
         w = ((ref_db > s.ref_active_dbfs)
-             & (hops >= self._ghost_from[rows][:, None])).astype(np.float64)
-        n = w.sum(axis=1)
-        x = _db(np.maximum(inb, 1e-12))
+             & (hops >= self._ghost_from[rows][:, None])[:, None, :]).astype(np.float64)
+        n = w.sum(axis=2)
+        x = _db(np.maximum(inb, 1e-12))[:, None, :]
         nn = np.maximum(n, 1.0)
-        mx = (w * x).sum(axis=1) / nn
-        my = (w * ref_db).sum(axis=1) / nn
-        dx, dy = (x - mx[:, None]) * w, (ref_db - my[:, None]) * w
-        den = np.sqrt((dx * dx).sum(axis=1) * (dy * dy).sum(axis=1))
-        r = np.where(den > 1e-9, (dx * dy).sum(axis=1) / np.maximum(den, 1e-9), 0.0)
-        return np.where(n >= _FOLLOW_MIN_HOPS, r, 0.0)
+        mx = (w * x).sum(axis=2) / nn
+        my = (w * ref_db).sum(axis=2) / nn
+        dx, dy = (x - mx[:, :, None]) * w, (ref_db - my[:, :, None]) * w
+        den = np.sqrt((dx * dx).sum(axis=2) * (dy * dy).sum(axis=2))
+        r = np.where(den > 1e-9, (dx * dy).sum(axis=2) / np.maximum(den, 1e-9), 0.0)
+        out: Floats = np.where(n >= _FOLLOW_MIN_HOPS, r, 0.0).reshape(lag.shape)
+        return out
 
     def _hop_bands(self, hops: Floats) -> Floats:
         """Energy per hop (rows of 64 samples) in each of the envelope fit's bands."""

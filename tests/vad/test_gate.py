@@ -417,25 +417,26 @@ def test_silent_history_and_no_history_predict_no_echo() -> None:
                             if r.level_db > -45.0 and r.ref_db > -99.0])) >= 0.8
 
 
-def _paused_line(inbound_after: np.ndarray, pause_s: float = 2.0, seconds: float = 3.5
+def _paused_line(inbound_after: np.ndarray, pause_s: float = 2.0, seconds: float = 3.5,
+                 settings: EchoGateSettings | None = None, lag_hops: int | None = None,
                  ) -> tuple[list[GateReading], list[GateReading], EchoGateBank, int]:
     """A line with the bot's echo 40 ms late, 12 dB down, that the gateway pauses (a clear) at
     ``pause_s``: the real row loses the bot's audio from there, a ghost copy forked just before
-    the clear goes on hearing what the bot would have played. From the pause on the inbound is
-    ``inbound_after``. Returns the real and the ghost readings from the pause on, the bank and
-    the ghost's row."""
+    the clear (with ``lag_hops`` for its delay lock, if given) goes on hearing what the bot
+    would have played. From the pause on the inbound is ``inbound_after``. Returns the real and
+    the ghost readings from the pause on, the bank and the ghost's row."""
     bot = _bot("echo_only_short_delay")
     echo = _path_change_echo(bot, len(bot), 320, 320)
     at = int(pause_s * 8000) // WINDOW * WINDOW
     inbound = np.concatenate([echo[:at], inbound_after])[: int(seconds * 8000)]
-    bank = EchoGateBank()
+    bank = EchoGateBank(settings)
     row, ghost, sent = bank.open_row(), -1, 0
     real: list[GateReading] = []
     copy: list[GateReading] = []
     for w in range(len(inbound) // WINDOW):
         now = (w + 1) * WINDOW
         if now - WINDOW == at:
-            ghost = bank.fork_row(row)
+            ghost = bank.fork_row(row, lag_hops=lag_hops)
             bank.clear_reference_from(row, at)
         while sent < len(bot) and sent < now + LEAD:
             chunk = bot[sent : sent + CHUNK]
@@ -487,6 +488,42 @@ def test_a_ghost_copy_hears_whether_the_line_still_carries_the_bot_after_a_clear
     rows = bank.open_rows
     bank.close_row(ghost)
     assert bank.open_rows == rows - 1
+
+
+@pytest.mark.parametrize("step", [None, 2])
+def test_a_ghost_copy_with_no_delay_lock_finds_the_delay_the_echo_goes_on_at(
+        step: int | None) -> None:
+    """``follow_unlocked_hops``: a pause before the delay locked (the bot's first words) forks a
+    copy with none; with the setting it reads ``follow_corr`` at the lag that followed best over
+    its windows so far. An echo that goes on follows (r >= 0.85) on nearly every window once
+    the real row has drained, as at a locked delay; a caller on a line that went quiet on as
+    few as at a locked delay (each window's own best lag would read 30 % of them so). Without
+    the setting such a copy reads nothing."""
+    bot = _bot("echo_only_short_delay")
+    echo = _path_change_echo(bot, len(bot), 320, 320)
+    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
+    settings = EchoGateSettings(follow_unlocked_hops=step)
+    echo_share, caller_share = [], []
+    for pause_s in np.arange(1.2, 2.81, 0.2):
+        at = int(pause_s * 8000) // WINDOW * WINDOW
+        going_on, copy_on, bank, ghost = _paused_line(echo[at:], pause_s, pause_s + 1.5,
+                                                      settings, lag_hops=-1)
+        assert bank.lag_hops(ghost) is None
+        drained = [g.follow_corr for r, g in zip(going_on, copy_on, strict=True)
+                   if r.ref_db <= -99.0 and g.level_db > -45.0]
+        assert len(drained) >= 15
+        echo_share.append(float(np.mean(np.array(drained) >= 0.85)))
+        talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0, pause_s,
+                                                 pause_s + 1.85, settings, lag_hops=-1)
+        voiced = [g.follow_corr for r, g in zip(talked, copy_talked, strict=True)
+                  if r.ref_db <= -99.0 and g.level_db > -45.0]
+        assert len(voiced) >= 30
+        caller_share.append(float(np.mean(np.array(voiced) >= 0.85)))
+    if step is None:
+        assert max(echo_share) == 0.0 and max(caller_share) == 0.0
+        return
+    assert min(echo_share) >= 0.9, echo_share
+    assert float(np.mean(caller_share)) <= 0.05 and max(caller_share) <= 0.15, caller_share
 
 
 async def test_an_engine_stream_reads_its_ghost_copy_only_while_it_keeps_one() -> None:
