@@ -307,8 +307,9 @@ def score_to_beat(log: dict[str, Any], params: dict[str, Any],
     missed = 0
     # The barge-in calls first: with their detections and latencies known, what is left can
     # only add false stops, and most candidates that lose are out by then.
-    order = sorted(range(len(truths)), key=lambda i: not truths[i]["barge_in"])
-    for i in order if beat is not None else range(len(truths)):
+    order = (range(len(truths)) if beat is None
+             else sorted(range(len(truths)), key=lambda i: not truths[i]["barge_in"]))
+    for i in order:
         m, truth = log["meta"][i], truths[i]
         ts = _first_stop(rows[m["start"]:m["end"]], params,
                          None if classifiers is None else classifiers(i),

@@ -585,11 +585,12 @@ class EchoGateBank:
             unexplained[c], prior[c], prior_fit[c] = self._unexplained(rows[c], h0[c], nh)
         match = self._match(rows, x, h0, nh, corr | fresh_active)
         follow = np.zeros(b)
-        haunted = np.flatnonzero(self._ghost[rows] & locked)
+        ghost = self._ghost[rows]
+        haunted = np.flatnonzero(ghost & locked)
         if len(haunted):
             follow[haunted] = self._follow(rows[haunted], h0[haunted] + nh, lag[haunted])
         step = self.settings.follow_unlocked_hops
-        lost = np.flatnonzero(self._ghost[rows] & ~locked)
+        lost = np.flatnonzero(ghost & ~locked)
         if step is not None and len(lost):
             at = np.arange(0, self._nlag, step)
             r = self._follow(rows[lost], h0[lost] + nh, np.tile(at, (len(lost), 1)))
