@@ -202,9 +202,7 @@ class CallSession:
         self._preroll: deque[bytes] = deque(maxlen=PREROLL_FRAMES)  # mu-law, converted if used
         self._stt_tasks: set[asyncio.Task[None]] = set()
         self._heard_utterance: str | None = None
-        # The utterance a gate copy follows through its pauses (_fork_ghost), with the delay
-        # the gate had locked at its first pause, and how far the copy has been fed.
-        self._ghost_of: tuple[str, int | None] | None = None
+        # How far the gate's copy on the deaf line has been fed (_fork_ghost).
         self._ghost_fed_ms = 0.0
         TurnClock(self.timeline)  # per-turn latencies: turn_latency events
         self._log = logging.LoggerAdapter(log, {"call_sid": "", "stream_sid": ""})
@@ -390,34 +388,25 @@ class CallSession:
                                      state=self.policy.state.value)
         await self._pump()
 
-    def _fork_ghost(self, stream: VadStream, u: Utterance, busy_ms: float) -> None:
-        """At a pause, before its clear: a copy of the gate that goes on hearing the paused
-        utterance as a line deaf to the clear would play it (``Playback.would_play``;
-        ``BargeInSettings.pause_echo_corr``). At the utterance's first pause it is the gate as
-        it stands (the audio sent, to ``busy_ms``, included); at a later one, the same line
-        has played on since the first, so the copy starts with no reference and ``_haunt``
-        lays that schedule from the lag range and the fit's history back on, at the delay
-        locked at the first pause."""
-        now = self.now_ms
-        if self._ghost_of is None or self._ghost_of[0] != u.id:
-            self._ghost_of = (u.id, stream.lag_hops)
+    def _fork_ghost(self, stream: VadStream, busy_ms: float) -> None:
+        """At a pause, before its clear: a copy of the gate that goes on hearing the bot as a
+        line deaf to the clear would play it (``Playback.would_play``;
+        ``BargeInSettings.pause_echo_corr``): the gate as it stands (the audio sent, to
+        ``busy_ms``, included), fed from there by ``_haunt``. One copy follows the deaf line
+        through later pauses and resumes, until the gateway plays what it plays."""
+        if not stream.haunted:
             stream.fork_ghost()
-            self._ghost_fed_ms = max(busy_ms, now)
-            return
-        lag = self._ghost_of[1]
-        stream.fork_ghost(lag_hops=-1 if lag is None else lag, keep_reference=False)
-        self._ghost_fed_ms = now - self.settings.echo.max_lag_ms - self.settings.echo.explain_ms
+            self._ghost_fed_ms = max(busy_ms, self.now_ms)
 
     def _haunt(self, stream: VadStream) -> None:
-        """Feed the gate's ghost copy what the paused utterance would be playing up to the
-        playback lead ahead (``_fork_ghost``); drop the copy once nothing is paused."""
+        """Feed the gate's ghost copy what the deaf line would be playing up to the playback
+        lead ahead (``_fork_ghost``); drop the copy once that line is the gateway's."""
         got = self.playback.would_play(self._ghost_fed_ms,
                                        self._media_end_ms + self.playback.lead_ms)
         if got is None:
             stream.end_ghost()
             return
-        at_ms, audio = got
-        if audio:
+        for at_ms, audio in got:
             stream.add_ghost_reference(int(round(at_ms * TELEPHONY_RATE / 1000)),
                                        ulaw_to_float32(audio))
             self._ghost_fed_ms = at_ms + len(audio) / (TELEPHONY_RATE / 1000)
@@ -499,7 +488,7 @@ class CallSession:
             busy = self.playback.line_busy_until_ms
             out = self.playback.pause(now)
             if self._stream is not None and self.settings.barge_in.pause_echo_corr is not None:
-                self._fork_ghost(self._stream, u, busy)  # before the clear takes it off the gate
+                self._fork_ghost(self._stream, busy)  # before the clear takes it off the gate
             await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,
                       text=u.text, heard_text=u.heard_text())
@@ -848,7 +837,8 @@ class CallSession:
                                         reply_to=event.reply_to)
                     await self._stale_reply(event)
                 case bp.Audio():
-                    added = self.playback.add_audio(event.utterance_id, event.payload)
+                    added = self.playback.add_audio(event.utterance_id, event.payload,
+                                                    self.now_ms)
                     if added and event.text is not None:
                         u = self.playback.get(event.utterance_id)
                         assert u is not None

@@ -64,6 +64,8 @@ class Utterance:
     reply_to: str | None = None
     """The eid of the uplink event it answers (``utterance_start.reply_to``); None when the
     worker named none."""
+    arrived_ms: float | None = None
+    """When its first audio reached the gateway (``Playback.add_audio``'s ``now_ms``)."""
 
     @property
     def heard_ms(self) -> float:
@@ -153,9 +155,11 @@ class Playback:
         self._retired: set[str] = set()
         self._seq = itertools.count(1)
         self.line_busy_until_ms = 0.0
-        # The last utterance paused, the byte that came next when it was first paused, and when
-        # that byte would have played (``would_play``).
-        self._anchor: tuple[Utterance, int, float] | None = None
+        # A line deaf to every clear (``would_play``), from an utterance's first pause on: that
+        # utterance with when its first byte played, then the ones after it, each to play from
+        # when its audio arrived or the one before it ended there, whichever is later.
+        self._deaf: list[Utterance] = []
+        self._deaf_start_ms = 0.0
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -188,14 +192,19 @@ class Playback:
         u = Utterance(utterance_id, node, interruptible, text, reply_to=reply_to)
         self._by_id[utterance_id] = u
         self._queue.append(u)
+        if self._deaf_line():
+            self._deaf.append(u)
 
-    def add_audio(self, utterance_id: str, audio: bytes) -> bool:
-        """Append audio; False when the utterance is unknown or already over (dropped)."""
+    def add_audio(self, utterance_id: str, audio: bytes, now_ms: float = 0.0) -> bool:
+        """Append audio (arrived at ``now_ms``); False when the utterance is unknown or already
+        over (dropped)."""
         u = self._by_id.get(utterance_id)
         if u is None:
             raise PlaybackError(f"audio for unknown utterance {utterance_id!r}")
         if u.state in (UtteranceState.INTERRUPTED, UtteranceState.FINISHED) or u.ended:
             return False
+        if u.arrived_ms is None and audio:
+            u.arrived_ms = now_ms
         u.audio.extend(audio)
         return True
 
@@ -286,29 +295,51 @@ class Playback:
         u = self.current
         self._retire_pending()
         if u is not None and u.state is UtteranceState.PLAYING:
-            if self._anchor is None or self._anchor[0] is not u:
-                self._anchor = (u, u.sent, max(self.line_busy_until_ms, now_ms))
+            if not any(x is u for x in self._deaf_line()):
+                # Its first pause: the deaf line has played what was sent, at 1x, to here.
+                busy = max(self.line_busy_until_ms, now_ms)
+                self._deaf = list(self._queue)
+                self._deaf_start_ms = busy - u.sent / ULAW_BYTES_PER_MS
             u.state = UtteranceState.PAUSED
             u.sent = u.heard
         self.line_busy_until_ms = now_ms
         return out
 
-    def would_play(self, from_ms: float, to_ms: float) -> tuple[float, bytes] | None:
-        """While the head utterance is paused: its audio that a line deaf to every ``clear``
-        would play from ``from_ms`` to ``to_ms``, and when the first of it would play. Such a
-        line plays the utterance on at 1x from the last audio sent before its *first* pause
-        (before that, what was played), whatever pauses and resumes came since: a recorded
-        line replayed as ``eval_bargein.py`` replays one does exactly that. None when no
-        utterance is paused. The barge-in policy asks whether the line still carries the bot
-        after a ``clear`` (``BargeInSettings.pause_echo_corr``)."""
-        u = self.current
-        if (u is None or u.state is not UtteranceState.PAUSED or self._anchor is None
-                or self._anchor[0] is not u):
+    def _deaf_line(self) -> list[Utterance]:
+        """The deaf line's utterances (``would_play``); none once none of them is queued any
+        more (played, cut or dropped: the deaf line has played them too, or is playing what
+        the gateway plays)."""
+        if self._deaf and not any(x is q for x in self._deaf for q in self._queue):
+            self._deaf = []
+        return self._deaf
+
+    def would_play(self, from_ms: float, to_ms: float) -> list[tuple[float, bytes]] | None:
+        """What a line deaf to every ``clear`` would play from ``from_ms`` to ``to_ms``: pieces
+        of audio, each with when its first byte would play. Such a line plays an utterance on
+        at 1x from the last audio sent before its *first* pause (before that, what was played),
+        whatever pauses and resumes came since, and each utterance after it from when its audio
+        arrived or the one before it ended there, whichever is later: a recorded line replayed
+        as ``eval_bargein.py`` replays one does exactly that. None when no utterance still
+        queued was ever paused (the deaf line is the line). The barge-in policy asks whether
+        the line still carries the bot that way (``BargeInSettings.pause_echo_corr``)."""
+        line = self._deaf_line()
+        if not line:
             return None
-        _, b0, t0 = self._anchor
-        a = max(0, b0 + int(round((from_ms - t0) * ULAW_BYTES_PER_MS)))
-        z = min(len(u.audio), b0 + int(round((to_ms - t0) * ULAW_BYTES_PER_MS)))
-        return t0 + (a - b0) / ULAW_BYTES_PER_MS, bytes(u.audio[a : max(a, z)])
+        out: list[tuple[float, bytes]] = []
+        start = self._deaf_start_ms
+        for k, u in enumerate(line):
+            if k:
+                if u.arrived_ms is None:
+                    break  # no audio yet: it and the ones after it play later
+                start = max(start, u.arrived_ms)
+            a = max(0, int(round((from_ms - start) * ULAW_BYTES_PER_MS)))
+            z = min(len(u.audio), int(round((to_ms - start) * ULAW_BYTES_PER_MS)))
+            if z > a:
+                out.append((start + a / ULAW_BYTES_PER_MS, bytes(u.audio[a:z])))
+            start += len(u.audio) / ULAW_BYTES_PER_MS
+            if start >= to_ms:
+                break
+        return out
 
     def resume(self, now_ms: float) -> Outcome:
         """Play the paused utterance on from what the caller heard."""

@@ -124,8 +124,8 @@ class WindowResult:
         features: Voicing and DTMF-likeness of the window, computed only where the policy reads
             them: windows the gate passes, and voiced-band candidates on echo-free lines
             (:func:`vad._policy.wants_features`); elsewhere zeros. None without a gate.
-        ghost: The gate's reading of the window against the bot's audio as if a pause had not
-            cleared it (:meth:`VadStream.fork_ghost`); None where no such copy is kept.
+        ghost: The gate's reading of the window against the bot's audio as a line deaf to the
+            clear plays it (:meth:`VadStream.fork_ghost`); None where no such copy is kept.
     """
 
     index: int
@@ -676,24 +676,22 @@ class VadStream:
         """The echo delay the gate has locked, in 8 ms hops (None: none, or no gate)."""
         return None if self._bank is None else self._bank.lag_hops(self._gate_row)
 
-    def fork_ghost(self, *, lag_hops: int | None = None, keep_reference: bool = True) -> None:
+    def fork_ghost(self) -> None:
         """Keep a copy of the gate as it is now (the bot's audio already sent included) before
         a ``clear`` takes that audio off the real one, and read every next window on both
-        (``WindowResult.ghost``) until :meth:`end_ghost`. Feed the copy the audio the bot would
-        have played with :meth:`add_ghost_reference`: the barge-in policy asks of it whether
-        the line still carries the bot after the pause (``BargeInSettings.pause_echo_corr``).
-        ``lag_hops`` (-1: none) replaces the copy's delay lock; ``keep_reference`` False starts
-        it with no reference at all (``EchoGateBank.fork_row``). A second fork replaces the
-        first. Ignored on a closed or gate-less stream."""
+        (``WindowResult.ghost``) until :meth:`end_ghost`. Feed the copy the audio a line deaf
+        to the clear plays with :meth:`add_ghost_reference`: the barge-in policy asks of it
+        whether the line still carries the bot that way (``BargeInSettings.pause_echo_corr``,
+        ``deaf_echo_corr``). A second fork replaces the first. Ignored on a closed or
+        gate-less stream."""
         if self._bank is None or self._lifecycle is not _StreamState.OPEN:
             return
         self.end_ghost()
-        self._ghost_row = self._bank.fork_row(self._gate_row, lag_hops=lag_hops,
-                                              keep_reference=keep_reference)
+        self._ghost_row = self._bank.fork_row(self._gate_row)
 
     def add_ghost_reference(self, start_sample: int, samples: npt.NDArray[np.floating]) -> None:
-        """Audio the bot would have played from inbound sample ``start_sample`` on, had the
-        pause not cleared it: for the ghost copy only. Ignored without one."""
+        """Audio a line deaf to the clear plays from inbound sample ``start_sample`` on: for the
+        ghost copy only. Ignored without one."""
         if self._bank is not None and self._ghost_row >= 0:
             self._bank.add_reference(self._ghost_row, start_sample, samples)
 

@@ -39,7 +39,9 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    of the bot's audio left in the echo's lag range, a window Silero still calls speech is no
    stop (``pause_hold_windows``): the dip between two of the caller's words. Nor is a window
    that follows what the bot would have played had it not been paused (``pause_echo_corr``:
-   a line that goes on playing it, as a recording replayed open loop does). A
+   a line that goes on playing it, as a recording replayed open loop does), nor, after a
+   resume, while the bot plays on behind such a line, a window that follows what it plays
+   (``deaf_echo_corr``). A
    *non-interruptible* utterance is never paused: speech over it is reported once as
    suppressed.
 
@@ -342,17 +344,29 @@ class BargeInSettings:
     range has drained, the echo is a loud, Silero-certain "caller", and 640 ms of it committed
     the pause: open-loop replays of the check split gave false interrupts on 17 of 184 calls (12
     echo-only) against 0 closed loop (session 14, docs/bargein.md). So the gateway keeps a copy
-    of the gate that still hears what a line deaf to every clear would play of the paused
-    utterance (``VadStream.fork_ghost``, ``Playback.would_play``), and in a pause, once none
-    of the bot's real audio is in the lag range, a window whose last 320 ms (from one delay
-    after the clear on) follow that would-be audio at the delay locked at the utterance's
-    first pause (Pearson r of their 8 ms log energies, ``GateReading.follow_corr``) by at least
-    this much is the bot, not the caller: neither speech towards the commit nor a held window.
+    of the gate that still hears what a line deaf to every clear would play
+    (``VadStream.fork_ghost``, ``Playback.would_play``), and in a pause, once none of the
+    bot's real audio is in the lag range, a window whose last 320 ms (from one delay after the
+    clear on) follow that would-be audio at the copy's delay (the gate's lock at the first
+    pause, as ``EchoGateSettings.follow_locked_hops`` refines it; Pearson r of their 8 ms log
+    energies, ``GateReading.follow_corr``) by at least this much is the bot, not the caller: neither speech towards the commit nor a held window.
     A caller's voice follows the bot's envelope at a fixed delay only by chance. Chosen on
     train (0.8/0.85/0.9, open loop: false interrupts 4/3/11 of 184) with a probe of a line that
     obeys the clear beside it (120 real barge-ins: 0.8 resumed one more than off, 0.85 none);
     check split, open loop: false interrupts 17 -> 5, closed loop unchanged. None: off (and no
     copy is kept)."""
+    deaf_echo_corr: float | None = 0.85
+    """After a resume the gateway plays on from what the caller heard, behind a line deaf to
+    the clear (a recording replayed open loop), whose echo of the bot runs ahead of it by the
+    pauses: neither the gate's reference nor its lock explains it, and it paused the bot again
+    and again until one pause was committed. While the bot plays, a window whose last 320 ms
+    follow what that deaf line plays (the same gate copy as ``pause_echo_corr``'s, kept through
+    the resumes until the gateway's line is the deaf one) by at least this much, and that the
+    copy's gate explains (its echo at the copy's delay and gain: no caller over it), is the bot,
+    not the caller. Train split, small grid, seed 3, open loop (session 21): resumed pauses 226
+    -> 191, detection, latency, false stops and interrupts the same as before the deaf line
+    (80/80, 137/419 ms, FS 35, FI 1); without the copy's gate a caller talking over that echo
+    was held back too (p95 496 ms). None: off."""
     carry_ms: float | None = None
     """A pause that starts within this long of the last resume goes on counting that pause's
     speech towards ``commit_ms``: a caller pausing between words is one barge-in, not a row of
@@ -967,7 +981,7 @@ class BargeInPolicy:
             self._background_db = _percentile(self._silent_levels, s.background_pct)
         caller = self._classified(self.is_caller(prob, gate, feat, clean_prob), prob, gate, feat,
                                   clean_prob)
-        unplayed = self.state is PolicyState.PAUSED and self._unplayed_echo(gate, ghost)
+        unplayed = self._unplayed_echo(gate, ghost, view)
         if unplayed:
             caller = False  # the bot's own audio, still on the line after the clear
         if not echoing:
@@ -1053,11 +1067,19 @@ class BargeInPolicy:
             self._stopped(out)
         return out
 
-    def _unplayed_echo(self, gate: GateReading, ghost: GateReading | None) -> bool:
-        """``pause_echo_corr``: none of the bot's real audio is left in the echo's lag range, and
-        the window's recent past follows what it would have played (the gate's ghost copy)."""
-        limit = self.settings.pause_echo_corr
-        return (limit is not None and ghost is not None and gate.ref_db <= _NO_ECHO_DB
+    def _unplayed_echo(self, gate: GateReading, ghost: GateReading | None,
+                       view: BotView) -> bool:
+        """The window's recent past follows what a line deaf to the clear plays (the gate's
+        ghost copy): in a pause once none of the bot's real audio is left in the echo's lag
+        range (``pause_echo_corr``), or while the bot plays on after a resume, where the copy's
+        gate explains the window (``deaf_echo_corr``)."""
+        if ghost is None:
+            return False
+        if self.state is PolicyState.PAUSED:
+            limit = self.settings.pause_echo_corr
+            return limit is not None and gate.ref_db <= _NO_ECHO_DB and ghost.follow_corr >= limit
+        limit = self.settings.deaf_echo_corr
+        return (limit is not None and view.playing and not ghost.passes
                 and ghost.follow_corr >= limit)
 
     def _held_by_silero(self, prob: float, gate: GateReading, feat: WindowFeatures,

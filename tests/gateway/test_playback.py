@@ -99,16 +99,18 @@ def test_pause_and_resume_continue_from_the_heard_point() -> None:
 
 
 def test_a_pause_knows_what_a_line_deaf_to_the_clear_would_play() -> None:
-    """``Playback.would_play`` (the barge-in policy's ``pause_echo_corr``): while paused, the
-    utterance as a line that ignored the clear plays it: on at 1x from the last byte sent
-    before its first pause (the sent audio ran to ``line_busy_until_ms``), what was played
-    before that; after a resume and a second pause, still that first schedule, not the
-    gateway's later one. Nothing while it plays."""
+    """``Playback.would_play`` (the barge-in policy's ``pause_echo_corr`` and
+    ``deaf_echo_corr``): from an utterance's first pause on, the bot as a line that ignored
+    every clear plays it: on at 1x from the last byte sent before that pause (the sent audio
+    ran to ``line_busy_until_ms``), what was played before that; through a resume and a second
+    pause still that first schedule, not the gateway's later one; the next utterance from when
+    its audio arrived or the first ended there, whichever is later. Nothing before any pause,
+    and nothing once the gateway has played every utterance of that line."""
     pb = Playback(chunk_ms=20, lead_ms=200)
     tw = TwilioPlayout(stream_sid=SID)
-    audio = bytes(range(256)) * 32  # 8192 bytes, recognisable positions
+    audio = bytes(range(256)) * 32  # 8192 bytes (1024 ms), recognisable positions
     pb.start("u", node="n", interruptible=True)
-    pb.add_audio("u", audio)
+    pb.add_audio("u", audio, 0)
     pb.end("u")
     assert pb.would_play(0, 100) is None
     _run(pb, tw, 0, 400)
@@ -117,16 +119,27 @@ def test_a_pause_knows_what_a_line_deaf_to_the_clear_would_play() -> None:
     sent, busy = u.sent, pb.line_busy_until_ms
     assert busy > 400  # audio is queued ahead of the clock
     _deliver(pb, tw, pb.pause(400), 400)
-    assert pb.would_play(busy, busy + 100) == (busy, audio[sent : sent + 800])
-    at, before = pb.would_play(busy - 50, busy) or (0.0, b"")
-    assert (at, before) == (busy - 50, audio[sent - 400 : sent])
-    pb.resume(600)
-    assert pb.would_play(600, 700) is None
+    assert pb.would_play(busy, busy + 100) == [(busy, audio[sent : sent + 800])]
+    assert pb.would_play(busy - 50, busy) == [(busy - 50, audio[sent - 400 : sent])]
+    _deliver(pb, tw, pb.resume(600), 600)
+    first = sent + int((600 - busy) * 8)  # the deaf line went on at 1x, resumed or not
+    assert pb.would_play(600, 700) == [(600, audio[first : first + 800])]
     _run(pb, tw, 620, 800)
     _deliver(pb, tw, pb.pause(800), 800)  # the gateway played on from the heard point ...
-    at, later = pb.would_play(800, 900) or (0.0, b"")
     first = sent + int((800 - busy) * 8)  # ... the deaf line from the first pause at 1x
-    assert (at, later) == (800, audio[first : first + 800])
+    assert pb.would_play(800, 900) == [(800, audio[first : first + 800])]
+    # The next utterance arrives at 900 ms; the deaf line ends "u" at 1024 ms and plays it on.
+    nxt = bytes(range(255, -1, -1)) * 8  # 2048 bytes (256 ms)
+    pb.start("v", node="n", interruptible=True)
+    pb.add_audio("v", nxt, 900)
+    pb.end("v")
+    end_u = busy - sent / 8 + len(audio) / 8
+    assert end_u == 1024.0
+    assert pb.would_play(1000, 1100) == [(1000, audio[-192:]), (end_u, nxt[: 8 * 76])]
+    _deliver(pb, tw, pb.resume(1100), 1100)
+    _run(pb, tw, 1100, 2400)  # the gateway plays both to the end
+    assert pb.get("u").state is pb.get("v").state is UtteranceState.FINISHED  # type: ignore[union-attr]
+    assert pb.would_play(2400, 2500) is None
 
 
 def test_non_interruptible_utterance_cannot_be_interrupted() -> None:

@@ -429,11 +429,47 @@ def test_a_pause_over_the_bots_own_audio_going_on_resumes() -> None:
     for p in (on, off):
         _talk(p, 2, PLAYING)
     assert _going_on(on, 18, gate=tail) == _going_on(off, 18, gate=tail)
-    # Outside a pause the copy has no say: the same windows start a turn and pause the bot.
-    idle = BargeInPolicy(HAND)
+    # Outside a pause, with ``deaf_echo_corr`` off, the copy has no say: the same windows start
+    # a turn and pause the bot.
+    idle = BargeInPolicy(replace(HAND, deaf_echo_corr=None))
     assert kinds([d for _ in range(2)
                   for d in idle.step(0.99, GOING_ON, VOICED, PLAYING, ghost=WOULD_BE)]) == [
         Decision.SPEECH_STARTED, Decision.PAUSE]
+
+
+def test_after_a_resume_the_bots_audio_running_ahead_pauses_nothing() -> None:
+    """``deaf_echo_corr``: after a resume the gateway plays behind a line deaf to the clear,
+    whose echo runs ahead (a recording replayed open loop). While the bot plays, windows whose
+    recent past follow that line's audio and that the copy's gate explains start no turn; ones
+    that do not follow it, or that the copy's gate passes (a caller over that echo), or with no
+    copy kept, or the rule off, start one and pause the bot. A bot that is silent
+    is not asked about: the rule is for the bot's own audio while it plays."""
+    on = replace(HAND, deaf_echo_corr=0.85)
+
+    def started(settings: BargeInSettings, ghost: GateReading | None,
+                bot: BotView = PLAYING, windows: int = 2) -> list[Decision]:
+        p = BargeInPolicy(settings)
+        return kinds([d for _ in range(windows)
+                      for d in p.step(0.99, GOING_ON, VOICED, bot, ghost=ghost)])
+
+    explained = replace(WOULD_BE, passes=False)  # the copy's gate: its own echo, nothing over
+    assert started(on, explained, windows=30) == []
+    # A caller over that echo: the copy's gate passes the window; it starts a turn.
+    assert started(on, WOULD_BE) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert started(on, replace(explained, follow_corr=0.84)) == [Decision.SPEECH_STARTED,
+                                                                 Decision.PAUSE]
+    assert started(on, None) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert started(replace(on, deaf_echo_corr=None), explained) == [Decision.SPEECH_STARTED,
+                                                                    Decision.PAUSE]
+    quiet = BotView(BotState.SILENT)
+    assert started(on, explained, quiet) == [Decision.SPEECH_STARTED]
+    # One window that follows it breaks the run: the caller needs two in a row again (windows
+    # too near the floor to start a turn alone).
+    p = BargeInPolicy(on)
+    soft = replace(GOING_ON, level_db=-55.0)
+    seq = [None, explained, None, None]
+    got = [kinds(p.step(0.99, soft, VOICED, PLAYING, ghost=g)) for g in seq]
+    assert got == [[], [], [], [Decision.SPEECH_STARTED, Decision.PAUSE]]
 
 
 # A caller as loud as a strong echo: 4 dB over the predicted echo and the noise floor (the raw
