@@ -319,9 +319,11 @@ class Playback:
         at 1x from the last audio sent before its *first* pause (before that, what was played),
         whatever pauses and resumes came since, and each utterance after it from when its audio
         arrived or the one before it ended there, whichever is later: a recorded line replayed
-        as ``eval_bargein.py`` replays one does exactly that. None when no utterance still
-        queued was ever paused (the deaf line is the line). The barge-in policy asks whether
-        the line still carries the bot that way (``BargeInSettings.pause_echo_corr``)."""
+        as ``eval_bargein.py`` replays one does exactly that (an utterance dropped before any
+        of it was sent is on no line). None when none of the deaf line's utterances is queued
+        any more, or no pause began one (the deaf line is the line). The barge-in policy asks
+        whether the line still carries the bot that way (``BargeInSettings.pause_echo_corr``,
+        ``deaf_echo_corr``)."""
         line = self._deaf_line()
         if not line:
             return None
@@ -337,8 +339,8 @@ class Playback:
             if z > a:
                 out.append((start + a / ULAW_BYTES_PER_MS, bytes(u.audio[a:z])))
             start += len(u.audio) / ULAW_BYTES_PER_MS
-            if start >= to_ms:
-                break
+            if start >= to_ms or not u.ended:
+                break  # (where one still grows, the next one's start is not known yet)
         return out
 
     def resume(self, now_ms: float) -> Outcome:
@@ -392,6 +394,7 @@ class Playback:
     def _drop_unplayed(self, u: Utterance, out: Outcome) -> None:
         u.state = UtteranceState.INTERRUPTED
         self._queue.remove(u)
+        self._deaf = [x for x in self._deaf if x is not u]  # no line ever plays it
         out.events.append({"type": "bot_utterance_interrupted", **u.describe(), "heard_ms": 0.0,
                            "before_audio": True})
 

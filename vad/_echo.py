@@ -174,9 +174,10 @@ class EchoGateSettings:
     copy reads none (``follow_corr`` 0)."""
     follow_locked_hops: int | None = 4
     """A ghost copy forked from a row whose delay locked, where the inbound's envelope did not
-    follow the bot's at the lock over the second before the caller's onset (its last 128 ms
-    left out; r < 0.8), takes the delay within this many hops of the lock where it followed
-    best (if r >= 0.5 there). The gate's lock can sit a few hops off the echo's delay (check
+    follow the bot's at the lock over the stretch before the caller's onset (ending 128 ms
+    before the pause, as far back as the reference is kept: ~400 ms at a 150 ms delay; r <
+    0.8), takes the delay within this many hops of the lock where it followed best (if r >=
+    0.5 there). The gate's lock can sit a few hops off the echo's delay (check
     split: 16 hops for an echo at 19; train, 174 first pauses: 2 hops off on 13, 4 on one), and
     ``follow_corr`` reads 8 ms hops: three or four hops off, an echo going on follows on 0-11 %
     of its windows against all of them at the right delay (tests/vad/test_gate.py). A lock
@@ -426,22 +427,28 @@ class EchoGateBank:
         return new
 
     def _refined_lag(self, row: int) -> int:
-        """``follow_locked_hops``: ``row``'s lock, unless over the inbound hops kept, up to
-        ``_REFINE_BACK_HOPS`` before now (the echo before a caller's onset), the inbound did not
-        follow the bot's audio there (r < ``_LOCK_FOLLOWS``): then the delay near it where it
-        followed best, if it followed there at all (r >= ``_REFINE_MIN_CORR``)."""
+        """``follow_locked_hops``: ``row``'s lock, unless over the inbound hops before the
+        caller's onset (to ``_REFINE_BACK_HOPS`` before now, as far back as every candidate's
+        reference is still kept: ~400 ms at a 150 ms delay) the inbound did not follow the
+        bot's audio there (r < ``_LOCK_FOLLOWS``): then the delay near it where it followed
+        best, if it followed there at all (r >= ``_REFINE_MIN_CORR``). Where the lock cannot be
+        read (too few hops of bot audio: a long delay, the bot's first words), the lock."""
         near = self.settings.follow_locked_hops or 0
         lock = int(self._lag[row])
         at = np.clip(lock + np.arange(-near, near + 1), 0, self._nlag - 1)
+        # Reference hops behind the lag range and the fit's history are zeroed (``process``):
+        # every candidate reads the same inbound hops, all of whose reference is kept.
+        k = min(_INB, self._nlag - 1 + self._kx - int(at.max())) - _REFINE_BACK_HOPS
+        if k < _FOLLOW_MIN_HOPS:
+            return lock
         rows = np.array([row])
         kept = self._ghost_from[row]
         self._ghost_from[row] = np.iinfo(np.int64).min  # every hop counts here
-        r = self._follow(rows, self._hop[rows] - _REFINE_BACK_HOPS, at[None, :],
-                         _INB - _REFINE_BACK_HOPS)[0]
+        r = self._follow(rows, self._hop[rows] - _REFINE_BACK_HOPS, at[None, :], k)[0]
         self._ghost_from[row] = kept
         best = int(np.argmax(r))
-        if r[near] >= _LOCK_FOLLOWS or r[best] < _REFINE_MIN_CORR:
-            return lock
+        if r[near] == 0.0 or r[near] >= _LOCK_FOLLOWS or r[best] < _REFINE_MIN_CORR:
+            return lock  # unreadable there, or it followed, or nothing near it did
         return int(at[best])
 
     def close_row(self, row: int) -> None:

@@ -349,12 +349,12 @@ class BargeInSettings:
     bot's real audio is in the lag range, a window whose last 320 ms (from one delay after the
     clear on) follow that would-be audio at the copy's delay (the gate's lock at the first
     pause, as ``EchoGateSettings.follow_locked_hops`` refines it; Pearson r of their 8 ms log
-    energies, ``GateReading.follow_corr``) by at least this much is the bot, not the caller: neither speech towards the commit nor a held window.
-    A caller's voice follows the bot's envelope at a fixed delay only by chance. Chosen on
+    energies, ``GateReading.follow_corr``) by at least this much is the bot, not the caller:
+    neither speech towards the commit nor a held window. A caller's voice follows the bot's envelope at a fixed delay only by chance. Chosen on
     train (0.8/0.85/0.9, open loop: false interrupts 4/3/11 of 184) with a probe of a line that
     obeys the clear beside it (120 real barge-ins: 0.8 resumed one more than off, 0.85 none);
-    check split, open loop: false interrupts 17 -> 5, closed loop unchanged. None: off (and no
-    copy is kept)."""
+    check split, open loop: false interrupts 17 -> 5, closed loop unchanged. None: off (and,
+    with ``deaf_echo_corr`` off too, no copy is kept)."""
     deaf_echo_corr: float | None = 0.85
     """After a resume the gateway plays on from what the caller heard, behind a line deaf to
     the clear (a recording replayed open loop), whose echo of the bot runs ahead of it by the
@@ -363,7 +363,7 @@ class BargeInSettings:
     follow what that deaf line plays (the same gate copy as ``pause_echo_corr``'s, kept through
     the resumes until the gateway's line is the deaf one) by at least this much, and that the
     copy's gate explains (its echo at the copy's delay and gain: no caller over it), is the bot,
-    not the caller. Train split, small grid, seed 3, open loop (session 21): resumed pauses 226
+    not the caller: it starts no caller run, nor keeps one going. Train split, small grid, seed 3, open loop (session 21): resumed pauses 226
     -> 191, detection, latency, false stops and interrupts the same as before the deaf line
     (80/80, 137/419 ms, FS 35, FI 1); without the copy's gate a caller talking over that echo
     was held back too (p95 496 ms). None: off."""
@@ -970,8 +970,9 @@ class BargeInPolicy:
     ) -> list[Effect]:
         """One window: Silero's ``prob``, the gate, the features, the bot's side of the line,
         (with an echo canceller in front) Silero's probability on the echo-cancelled window,
-        and (in a pause) the gate's reading against what the bot would have played
-        (``pause_echo_corr``). Returns the effects to carry out, in order."""
+        and (from a pause on, while a line deaf to the clear may be playing the bot) the gate
+        copy's reading against what that line plays (``pause_echo_corr``,
+        ``deaf_echo_corr``). Returns the effects to carry out, in order."""
         s = self.settings
         view = bot if isinstance(bot, BotView) else BotView.of(bot)
         echoing = gate.ref_db > _NO_ECHO_DB

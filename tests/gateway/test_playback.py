@@ -104,8 +104,9 @@ def test_a_pause_knows_what_a_line_deaf_to_the_clear_would_play() -> None:
     every clear plays it: on at 1x from the last byte sent before that pause (the sent audio
     ran to ``line_busy_until_ms``), what was played before that; through a resume and a second
     pause still that first schedule, not the gateway's later one; the next utterance from when
-    its audio arrived or the first ended there, whichever is later. Nothing before any pause,
-    and nothing once the gateway has played every utterance of that line."""
+    its audio arrived or the first ended there, whichever is later; one dropped before any of
+    it was sent on no line; none after one that may still grow. Nothing before any pause, and
+    nothing once the gateway has played every utterance of that line."""
     pb = Playback(chunk_ms=20, lead_ms=200)
     tw = TwilioPlayout(stream_sid=SID)
     audio = bytes(range(256)) * 32  # 8192 bytes (1024 ms), recognisable positions
@@ -136,10 +137,27 @@ def test_a_pause_knows_what_a_line_deaf_to_the_clear_would_play() -> None:
     end_u = busy - sent / 8 + len(audio) / 8
     assert end_u == 1024.0
     assert pb.would_play(1000, 1100) == [(1000, audio[-192:]), (end_u, nxt[: 8 * 76])]
+    # One dropped before any of it was sent is on no line, and the next plays where it was.
+    pb.start("x", node="n", interruptible=True)
+    pb.drop("x")
+    pb.start("w", node="n", interruptible=True)
+    pb.add_audio("w", nxt, 1000)
+    end_v = end_u + len(nxt) / 8
+    assert pb.would_play(end_v - 10, end_v + 10) == [(end_v - 10, nxt[-80:]),
+                                                     (end_v, nxt[:80])]
+    # While "w" may still grow, where the one after it starts is not known: not played yet.
+    pb.start("y", node="n", interruptible=True)
+    pb.add_audio("y", audio[:800], 1000)
+    pb.end("y")
+    end_w = end_v + len(nxt) / 8
+    assert pb.would_play(end_w - 10, end_w + 10) == [(end_w - 10, nxt[-80:])]
+    pb.end("w")
+    assert pb.would_play(end_w - 10, end_w + 10) == [(end_w - 10, nxt[-80:]),
+                                                     (end_w, audio[:80])]
     _deliver(pb, tw, pb.resume(1100), 1100)
-    _run(pb, tw, 1100, 2400)  # the gateway plays both to the end
-    assert pb.get("u").state is pb.get("v").state is UtteranceState.FINISHED  # type: ignore[union-attr]
-    assert pb.would_play(2400, 2500) is None
+    _run(pb, tw, 1100, 2800)  # the gateway plays them all to the end
+    assert all(pb.get(k).state is UtteranceState.FINISHED for k in "uvwy")  # type: ignore[union-attr]
+    assert pb.would_play(2800, 2900) is None
 
 
 def test_non_interruptible_utterance_cannot_be_interrupted() -> None:
