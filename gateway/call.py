@@ -488,7 +488,8 @@ class CallSession:
             busy = self.playback.line_busy_until_ms
             out = self.playback.pause(now)
             b = self.settings.barge_in
-            if self._stream is not None and (b.pause_echo_corr, b.deaf_echo_corr) != (None, None):
+            if self._stream is not None and (b.pause_echo_corr is not None
+                                             or b.deaf_echo_corr is not None):
                 self._fork_ghost(self._stream, busy)  # before the clear takes it off the gate
             await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,

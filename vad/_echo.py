@@ -442,10 +442,8 @@ class EchoGateBank:
         if k < _FOLLOW_MIN_HOPS:
             return lock
         rows = np.array([row])
-        kept = self._ghost_from[row]
-        self._ghost_from[row] = np.iinfo(np.int64).min  # every hop counts here
-        r = self._follow(rows, self._hop[rows] - _REFINE_BACK_HOPS, at[None, :], k)[0]
-        self._ghost_from[row] = kept
+        r = self._follow(rows, self._hop[rows] - _REFINE_BACK_HOPS, at[None, :], k,
+                         every_hop=True)[0]
         best = int(np.argmax(r))
         if r[near] == 0.0 or r[near] >= _LOCK_FOLLOWS or r[best] < _REFINE_MIN_CORR:
             return lock  # unreadable there, or it followed, or nothing near it did
@@ -753,18 +751,21 @@ class EchoGateBank:
         return out
 
     def _follow(self, rows: npt.NDArray[np.intp], end: npt.NDArray[np.int64],
-                lag: npt.NDArray[np.int64], k: int = _FOLLOW_HOPS) -> Floats:
+                lag: npt.NDArray[np.int64], k: int = _FOLLOW_HOPS,
+                every_hop: bool = False) -> Floats:
         """``GateReading.follow_corr`` of ghost ``rows`` whose inbound hops end before ``end``,
         at each row's ``lag`` (shape (r,)), or at each of its lags (shape (r, m): an (r, m)
-        result). (Reference hops older than the lag range and the fit's history are zeroed: at
-        delays over ~360 ms fewer of the window's hops can count.)"""
+        result), over ``k`` hops: from each row's ``_ghost_from`` on, or all ``k`` with
+        ``every_hop``. (Reference hops older than the lag range and the fit's history are
+        zeroed: at delays over ~360 ms fewer of the window's hops can count.)"""
         s = self.settings
         lags = lag.reshape(len(rows), -1)  # (r, m)
         hops = end[:, None] - k + np.arange(k)[None, :]  # (r, k): the last k inbound hops
         inb = self._inbb[rows[:, None], hops & (_INB - 1)].sum(axis=2)
         ref_db = self._ref_db[rows[:, None, None], (hops[:, None, :] - lags[:, :, None]) & _MASK]
         w = ((ref_db > s.ref_active_dbfs)
-             & (hops >= self._ghost_from[rows][:, None])[:, None, :]).astype(np.float64)
+             & (every_hop | (hops >= self._ghost_from[rows][:, None]))[:, None, :]
+             ).astype(np.float64)
         n = w.sum(axis=2)
         x = _db(np.maximum(inb, 1e-12))[:, None, :]
         nn = np.maximum(n, 1.0)
