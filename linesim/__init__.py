@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ._call import Condition, ConditionError, SimCall, simulate_call
-from ._grid import GRIDS, full_grid, grid, impacts_grid, small_grid
+from ._grid import GRIDS, full_grid, grid, impacts_grid, mixed_grid, small_grid
 from ._sources import (
     ESPEAK_VOICES,
     REAL_VOICE_SPLIT,
@@ -46,6 +46,7 @@ __all__ = [
     "call_name",
     "full_grid",
     "impacts_grid",
+    "mixed_grid",
     "generate",
     "grid",
     "iter_calls",

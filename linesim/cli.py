@@ -29,7 +29,7 @@ def add_parser(
     p.add_argument("--condition", action="append", default=None, metavar="NAME",
                    help="a condition name (erl20-d150-none-none-quiet-barge_in); repeatable; "
                         "default: the points of --grid")
-    p.add_argument("--grid", default="small", help="small, impacts or full (default small)")
+    p.add_argument("--grid", default="small", help="small, impacts, mixed or full (default small)")
     p.add_argument("--voices", type=Path, default=None,
                    help="labelled recordings to cut real voices from (default tests/recordings)")
     p.set_defaults(fn=run)

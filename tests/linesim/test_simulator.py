@@ -23,7 +23,10 @@ from linesim import (
     SourceError,
     VoiceLibrary,
     generate,
+    full_grid,
+    grid,
     impacts_grid,
+    mixed_grid,
     simulate_call,
     small_grid,
     synthetic_split,
@@ -289,6 +292,22 @@ def test_the_second_turn_behaviour_barges_into_a_later_turn(library: VoiceLibrar
         onset = labels["expect"]["barge_in_onset_ms"]
         turns = labels["bot_turns"]
         assert len(turns) >= 2 and any(t["start_ms"] <= onset < t["end_ms"] for t in turns[1:])
+
+
+def test_the_mixed_grid_combines_every_axis_and_is_the_same_each_time() -> None:
+    points = mixed_grid()
+    assert [c.name for c in points] == [c.name for c in grid("mixed")]  # fixed, not per run
+    assert len({c.name for c in points}) == len(points) == 96
+    full = {c.name for c in full_grid()}
+    assert all(c.name in full for c in points)
+    for axis in ("erl_db", "delay_ms", "change", "nonlinearity", "background", "behaviour"):
+        assert {getattr(c, axis) for c in points} == {getattr(c, axis) for c in full_grid()}, axis
+    # Not the small grid's one axis at a time: most points move three or more from the base.
+    base = small_grid()[0]
+    moved = [sum(getattr(c, a) != getattr(base, a) for a in ("erl_db", "delay_ms", "change",
+                                                             "nonlinearity", "background"))
+             for c in points]
+    assert sum(m >= 3 for m in moved) > len(points) // 2
 
 
 def test_condition_names_round_trip_and_bad_ones_say_why() -> None:
