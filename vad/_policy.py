@@ -501,6 +501,18 @@ class BargeInSettings:
     talks on over them, not paused. Capping from any turn, or from the turn in progress, also
     learns a TV's and babble's own "turns": train first stops FS 42 -> 49 (the floor off) and
     42 -> 46; the check split with the second, 80/80 FI 1 -> 77/80 FI 5 (babble 8/8 -> 5/8)."""
+    background_in_pause: bool = True
+    """Whether ``background_db`` also holds while the bot is paused for the caller, after its
+    audio has left the echo's lag range: a TV or babble goes on under a pause as it did under
+    the bot. Such a window is then neither the caller's speech nor the Silero-heard sound that
+    keeps a pause from ending. Without it a TV's words in the pause counted as the caller's
+    and committed it, or held it to ``max_pause_ms``, which commits it too (check split,
+    ``erl35-d0-none-none-tv-short_word``: a TV paused the bot and committed it a second later,
+    in both loops). On the ``mixed`` grid (192 calls a split, session 22): train open loop
+    false interrupts 23 -> 21, one barge-in more detected; check 27 -> 26 open loop and 3 -> 2
+    closed, one more detected in each; the cost, a real barge-in under that floor resumed over
+    before it is heard (barge-in calls with one, open loop: check 62 -> 67 of 129, train 74 ->
+    78 of 127). False: the floor only while bot audio is in the lag range (sessions 8-21)."""
     classifier_on: float | None = 0.7
     """The classifier's fast path (with an echo canceller in front): a window that
     :class:`CallerClassifier` scores at least this for ``classifier_windows`` windows in a row is
@@ -793,12 +805,15 @@ class BargeInPolicy:
                      or gate.level_db - gate.unexplained_db >= self.settings.prior_explained_db))
 
     def _under_background(self, gate: GateReading, feat: WindowFeatures) -> bool:
-        """``background_db``: while bot audio is in the echo's lag range, the window is not that
-        far over what was on the line before it came in (a TV, babble: they were there first),
-        and it is not the voiced-band path's (which has its own per-bin floor)."""
-        margin = self.settings.background_db
+        """``background_db``: while bot audio is in the echo's lag range (or the bot is paused,
+        ``background_in_pause``), the window is not that far over what was on the line before
+        it came in (a TV, babble: they were there first), and it is not the voiced-band path's
+        (which has its own per-bin floor)."""
+        s = self.settings
+        margin = s.background_db
         return (margin is not None and self._background_db is not None
-                and gate.ref_db > _NO_ECHO_DB
+                and (gate.ref_db > _NO_ECHO_DB
+                     or s.background_in_pause and self.state is PolicyState.PAUSED)
                 and gate.level_db < self._background_floor() + margin
                 and not self._band_caller(gate, feat))
 
@@ -992,7 +1007,9 @@ class BargeInPolicy:
             self._unexplained_idle.append(gate.unexplained_db)
             self._floor_db = None
         speechy = caller or (not unplayed and prob >= s.p_off and gate.passes
-                             and feat.dtmf < s.dtmf_max)
+                             and feat.dtmf < s.dtmf_max
+                             and not (s.background_in_pause and self.state is PolicyState.PAUSED
+                                      and self._under_background(gate, feat)))
         out: list[Effect] = []
         self._run = self._run + 1 if caller else 0
         if caller:

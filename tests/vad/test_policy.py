@@ -698,6 +698,31 @@ def test_a_short_turn_before_the_prompt_does_not_teach_the_cap() -> None:
     assert policy.is_caller(0.98, louder, VOICED, clean_prob=0.9)
 
 
+def test_a_background_under_a_pause_neither_commits_it_nor_holds_it() -> None:
+    """``background_in_pause``: the TV that was on the line before the bot goes on once a
+    caller's "yes" paused it and the bot's audio left the lag range. Its syllables, under
+    the floor, end the pause in a resume; without the setting they count as the caller and
+    commit it. A caller who goes on 9 dB over that background still commits it."""
+    tv_line = [-40.0] * 20 + [-30.0] + [-36.0] * 10
+    caller = replace(TV_SYLLABLE, level_db=-18.0, unexplained_db=-18.5)
+    tv_in_pause = replace(TV_SYLLABLE, ref_db=-100.0, echo_db=-100.0)
+    caller_in_pause = replace(caller, ref_db=-100.0, echo_db=-100.0)
+    for on, windows, expected in ((True, tv_in_pause, [Decision.RESUME, Decision.SPEECH_STOPPED]),
+                                  (False, tv_in_pause, [Decision.COMMIT]),
+                                  (True, caller_in_pause, [Decision.COMMIT])):
+        policy = BargeInPolicy(replace(HAND, background_db=9.0, background_pct=100.0,
+                                       background_in_pause=on))
+        _line_before_the_bot(policy, tv_line)
+        paused = [d for _ in range(2)
+                  for d in policy.step(0.98, caller, VOICED, PLAYING, clean_prob=0.9)]
+        assert kinds(paused) == [Decision.SPEECH_STARTED, Decision.PAUSE]
+        for _ in range(25):  # up to the pause's first decision
+            after = kinds(policy.step(0.98, windows, VOICED, HELD, clean_prob=0.9))
+            if after:
+                break
+        assert after == expected, (on, windows.level_db)
+
+
 def test_a_voice_already_talking_when_the_bot_comes_in_is_its_background() -> None:
     """The other known limit of ``background_caller_db``: a voice that is talking when the bot's
     audio comes into the lag range is the second before it, so it is the background and the bot
