@@ -923,3 +923,23 @@ def test_classifier_windows_below_one_is_refused() -> None:
     # 0 would open the fast path on every window with features (the run counter starts at 0).
     with pytest.raises(ValueError, match="classifier_windows"):
         BargeInSettings(classifier_windows=0)
+
+
+def test_a_line_that_follows_the_deaf_line_is_not_echo_free() -> None:
+    """``deaf_not_free_corr``: after a resume behind a line deaf to the clear, the line's echo
+    runs ahead of what the gateway plays, the gate loses its lock and reads the line as
+    echo-free, which opens the voiced-band path (echo-free lines only) to that echo. Where the
+    gate copy hears the line follow what the deaf line plays, the line is not echo-free: a
+    window only the band path takes for the caller starts no pause. Without the copy's say,
+    or with a copy the line does not follow, it does."""
+    voice = replace(MASKED_VOICE, ref_db=-20.0)  # echo-free by the gate, the band path's
+    follows = replace(voice, follow_corr=0.8)
+    for ghost, limit, expected in ((follows, 0.5, []),
+                                   (follows, None, [Decision.SPEECH_STARTED, Decision.PAUSE]),
+                                   (replace(follows, follow_corr=0.3), 0.5,
+                                    [Decision.SPEECH_STARTED, Decision.PAUSE]),
+                                   (None, 0.5, [Decision.SPEECH_STARTED, Decision.PAUSE])):
+        policy = BargeInPolicy(replace(HAND, deaf_not_free_corr=limit))
+        effects = [d for _ in range(2)
+                   for d in policy.step(0.05, voice, VOICED, PLAYING, ghost=ghost)]
+        assert kinds(effects) == expected, (ghost, limit)
