@@ -487,10 +487,7 @@ class CallSession:
                 return
             busy = self.playback.line_busy_until_ms
             out = self.playback.pause(now)
-            b = self.settings.barge_in
-            if self._stream is not None and (b.pause_echo_corr is not None
-                                             or b.deaf_echo_corr is not None
-                                             or b.deaf_not_free_corr is not None):
+            if self._stream is not None and self.settings.barge_in.reads_ghost:
                 self._fork_ghost(self._stream, busy)  # before the clear takes it off the gate
             await self._clear(reason="barge_in", utterance_id=u.id, onset_ms=effect.onset_ms)
             self.emit("bot_utterance_paused", **u.describe(), heard_ms=u.heard_ms,

@@ -556,6 +556,14 @@ class BargeInSettings:
         if self.classifier_windows < 1:
             raise ValueError(f"classifier_windows must be >= 1, got {self.classifier_windows}")
 
+    @property
+    def reads_ghost(self) -> bool:
+        """Whether a rule reads the gate's copy on a line deaf to the clear
+        (``pause_echo_corr``, ``deaf_echo_corr``, ``deaf_not_free_corr``): the call keeps one
+        from a pause on only then."""
+        return (self.pause_echo_corr is not None or self.deaf_echo_corr is not None
+                or self.deaf_not_free_corr is not None)
+
     def with_fitted_classifier(self) -> BargeInSettings:
         """These settings with the caller classifier on at its fitted thresholds (the
         ``params`` of :data:`CLASSIFIER_FILE`, from ``python -m bench.fit_classifier``; the
@@ -997,7 +1005,8 @@ class BargeInPolicy:
         (with an echo canceller in front) Silero's probability on the echo-cancelled window,
         and (from a pause on, while a line deaf to the clear may be playing the bot) the gate
         copy's reading against what that line plays (``pause_echo_corr``,
-        ``deaf_echo_corr``). Returns the effects to carry out, in order."""
+        ``deaf_echo_corr``, ``deaf_not_free_corr``). Returns the effects to carry out, in
+        order."""
         s = self.settings
         if (gate.echo_free and ghost is not None and s.deaf_not_free_corr is not None
                 and ghost.follow_corr >= s.deaf_not_free_corr):
