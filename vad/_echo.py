@@ -184,6 +184,16 @@ class EchoGateSettings:
     that did follow is kept: on 6 dB train lines the best of the nine lags was 2-3 hops off a
     lock that followed at 0.87-0.91, and in the pause it read under 0.85 where the lock read
     0.9 (two echo-only false interrupts, session 21). None or 0: the lock as it is."""
+    follow_search_locked: bool = True
+    """A copy forked from a row whose delay locked also searches the lag range as one with no
+    lock does (``follow_unlocked_hops``) and reads the better of the two. The echo path can
+    move at the caller's onset (the simulator's delay changes: 450 -> 200 ms, 0 -> 250 ms), or
+    between two turns, after the lock was last read, and the copy then reads ``follow_corr``
+    at a delay the echo going on no longer has: an echo replayed through a pause counted as the
+    caller (session 24, docs/bargein.md: open loop, train `mixed` false interrupts 20 -> 10,
+    check `mixed` 22 -> 13, echo-only 8 -> 5; on a line that obeys the clear every detection
+    the same, and 0-3 more barge-ins resumed over a cell, where a caller's envelope follows
+    some lag of the range by chance). False: the lock alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,7 +638,8 @@ class EchoGateBank:
         if len(haunted):
             follow[haunted] = self._follow(rows[haunted], h0[haunted] + nh, lag[haunted])
         step = self.settings.follow_unlocked_hops
-        lost = np.flatnonzero(ghost & ~locked)
+        # A locked copy searches too (follow_search_locked): the path may have moved since.
+        lost = np.flatnonzero(ghost & (~locked | self.settings.follow_search_locked))
         if step is not None and len(lost):
             at = np.arange(0, self._nlag, step)
             r = self._follow(rows[lost], h0[lost] + nh, np.tile(at, (len(lost), 1)))
@@ -638,7 +649,8 @@ class EchoGateBank:
             # locked delay), the echo going on at its own lag on 95-100 % either way.
             seen = self._ghost_lagsum[rows[lost][:, None], at[None, :]]
             pick = np.argmax(seen, axis=1)
-            follow[lost] = np.where(seen.max(axis=1) > 0.0, r[np.arange(len(lost)), pick], 0.0)
+            picked = np.where(seen.max(axis=1) > 0.0, r[np.arange(len(lost)), pick], 0.0)
+            follow[lost] = np.where(locked[lost], np.maximum(follow[lost], picked), picked)
             self._ghost_lagsum[rows[lost][:, None], at[None, :]] = seen + r
         # Hops now behind the lag range and the fit's history: zero them for the ring's next lap.
         gone = (((h0[:, None] + np.arange(nh)[None, :] - (nlag - 1) - self._kx) & _MASK)

@@ -459,6 +459,32 @@ def _paused_line(inbound_after: np.ndarray, pause_s: float = 2.0, seconds: float
     return real, copy, bank, ghost
 
 
+def _follow_shares(after: np.ndarray, settings: EchoGateSettings, pause_times: np.ndarray,
+                   **line: int) -> tuple[list[float], list[float], set[int | None]]:
+    """At each pause time, the share of the ghost copy's windows that follow (r >= 0.85) once
+    the real row has drained: with ``after`` going on after the pause, and with a caller (JFK)
+    on a line that went quiet; and the copy's delay locks. ``line``: :func:`_paused_line`'s
+    ``lag_hops`` / ``lock_off``."""
+    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
+    echo_share, caller_share, lags = [], [], set()
+    for pause_s in pause_times:
+        at = int(pause_s * 8000) // WINDOW * WINDOW
+        going_on, copy_on, bank, ghost = _paused_line(after[at:], pause_s, pause_s + 1.5,
+                                                      settings, **line)
+        lags.add(bank.lag_hops(ghost))
+        drained = [g.follow_corr for r, g in zip(going_on, copy_on, strict=True)
+                   if r.ref_db <= -99.0 and g.level_db > -45.0]
+        assert len(drained) >= 15
+        echo_share.append(float(np.mean(np.array(drained) >= 0.85)))
+        talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0, pause_s,
+                                                 pause_s + 1.85, settings, **line)
+        voiced = [g.follow_corr for r, g in zip(talked, copy_talked, strict=True)
+                  if r.ref_db <= -99.0 and g.level_db > -45.0]
+        assert len(voiced) >= 30
+        caller_share.append(float(np.mean(np.array(voiced) >= 0.85)))
+    return echo_share, caller_share, lags
+
+
 def test_a_ghost_copy_hears_whether_the_line_still_carries_the_bot_after_a_clear() -> None:
     """``EchoGateBank.fork_row`` and ``GateReading.follow_corr`` (session 14), at nine pause
     times: after a clear, a copy of the gate fed the bot's unplayed audio sees an echo that
@@ -466,14 +492,17 @@ def test_a_ghost_copy_hears_whether_the_line_still_carries_the_bot_after_a_clear
     nearly every window once the real row's lag range has drained); a caller talking on a line
     that did go quiet follows it only by chance (on 2 % of the windows, at most 10 % at one
     pause time, when measured: a caller's syllables can line up with the bot's). The real row
-    never reports it."""
+    never reports it. (At the lock alone, ``follow_search_locked`` off: searching the lag range
+    too, the caller follows on 5 % of these windows; see the path-change test below.)"""
     bot = _bot("echo_only_short_delay")
     echo = _path_change_echo(bot, len(bot), 320, 320)
     caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
+    lock_only = EchoGateSettings(follow_search_locked=False)
     echo_share, caller_share = [], []
     for pause_s in np.arange(1.2, 2.81, 0.2):
         at = int(pause_s * 8000) // WINDOW * WINDOW
-        going_on, copy_on, bank, ghost = _paused_line(echo[at:], pause_s, pause_s + 1.5)
+        going_on, copy_on, bank, ghost = _paused_line(echo[at:], pause_s, pause_s + 1.5,
+                                                      lock_only)
         assert bank.lag_hops(ghost) is not None  # the copy keeps the delay locked before
         assert all(r.follow_corr == 0.0 for r in going_on)
         drained = [g.follow_corr for r, g in zip(going_on, copy_on, strict=True)
@@ -481,7 +510,7 @@ def test_a_ghost_copy_hears_whether_the_line_still_carries_the_bot_after_a_clear
         assert len(drained) >= 15
         echo_share.append(float(np.mean(np.array(drained) >= 0.85)))
         talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0, pause_s,
-                                                 pause_s + 1.85)
+                                                 pause_s + 1.85, lock_only)
         voiced = [g.follow_corr for r, g in zip(talked, copy_talked, strict=True)
                   if r.ref_db <= -99.0 and g.level_db > -45.0]
         assert len(voiced) >= 30
@@ -505,26 +534,33 @@ def test_a_ghost_copy_with_no_delay_lock_finds_the_delay_the_echo_goes_on_at(
     the setting such a copy reads nothing."""
     bot = _bot("echo_only_short_delay")
     echo = _path_change_echo(bot, len(bot), 320, 320)
-    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
-    settings = EchoGateSettings(follow_unlocked_hops=step)
-    echo_share, caller_share = [], []
-    for pause_s in np.arange(1.2, 2.81, 0.2):
-        at = int(pause_s * 8000) // WINDOW * WINDOW
-        going_on, copy_on, bank, ghost = _paused_line(echo[at:], pause_s, pause_s + 1.5,
-                                                      settings, lag_hops=-1)
-        assert bank.lag_hops(ghost) is None
-        drained = [g.follow_corr for r, g in zip(going_on, copy_on, strict=True)
-                   if r.ref_db <= -99.0 and g.level_db > -45.0]
-        assert len(drained) >= 15
-        echo_share.append(float(np.mean(np.array(drained) >= 0.85)))
-        talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0, pause_s,
-                                                 pause_s + 1.85, settings, lag_hops=-1)
-        voiced = [g.follow_corr for r, g in zip(talked, copy_talked, strict=True)
-                  if r.ref_db <= -99.0 and g.level_db > -45.0]
-        assert len(voiced) >= 30
-        caller_share.append(float(np.mean(np.array(voiced) >= 0.85)))
+    echo_share, caller_share, lags = _follow_shares(
+        echo, EchoGateSettings(follow_unlocked_hops=step), np.arange(1.2, 2.81, 0.2),
+        lag_hops=-1)
+    assert lags == {None}
     if step is None:
         assert max(echo_share) == 0.0 and max(caller_share) == 0.0
+        return
+    assert min(echo_share) >= 0.9, echo_share
+    assert float(np.mean(caller_share)) <= 0.05 and max(caller_share) <= 0.15, caller_share
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_a_ghost_copy_finds_an_echo_whose_path_moved_at_the_pause(search: bool) -> None:
+    """``follow_search_locked``: the echo path can move at the caller's onset (a delay change
+    on the simulator's lines: 450 -> 200 ms), after the gate's lock was read, so a copy reads
+    ``follow_corr`` at a delay the echo going on no longer has. Searching the lag range too, as
+    a copy with no lock does, it follows the echo that moved (r >= 0.85) on nearly every window
+    once the real row has drained; a caller on a line that went quiet follows some lag of the
+    range by chance on a few windows (4 % here on average, measured; 0 % at the lock alone).
+    Without the setting the moved echo follows on none."""
+    bot = _bot("echo_only_short_delay")
+    moved = _path_change_echo(bot, len(bot), 2320, 2320)  # the echo at 290 ms, not 40
+    echo_share, caller_share, lags = _follow_shares(
+        moved, EchoGateSettings(follow_search_locked=search), np.arange(1.2, 2.81, 0.4))
+    assert None not in lags  # the copy keeps the (old) lock
+    if not search:
+        assert max(echo_share) <= 0.1, echo_share
         return
     assert min(echo_share) >= 0.9, echo_share
     assert float(np.mean(caller_share)) <= 0.05 and max(caller_share) <= 0.15, caller_share
@@ -590,30 +626,17 @@ def test_a_ghost_copy_takes_the_delay_the_echo_followed_before_the_pause(off: in
     as without the setting."""
     bot = _bot("echo_only_short_delay")
     echo = _path_change_echo(bot, len(bot), 320, 320)
-    caller = recording("barge_in_mid_jfk")[int(4.029 * 8000) : int(5.887 * 8000)]
 
     def shares(settings: EchoGateSettings) -> tuple[list[float], list[float], set[int | None]]:
-        echo_share, caller_share, lags = [], [], set()
-        for pause_s in np.arange(1.2, 2.81, 0.2):
-            at = int(pause_s * 8000) // WINDOW * WINDOW
-            going_on, copy_on, bank, ghost = _paused_line(echo[at:], pause_s, pause_s + 1.5,
-                                                          settings, lock_off=off)
-            lags.add(bank.lag_hops(ghost))
-            drained = [g.follow_corr for r, g in zip(going_on, copy_on, strict=True)
-                       if r.ref_db <= -99.0 and g.level_db > -45.0]
-            echo_share.append(float(np.mean(np.array(drained) >= 0.85)))
-            talked, copy_talked, _, _ = _paused_line(caller.astype(np.float64) * 2.0, pause_s,
-                                                     pause_s + 1.85, settings, lock_off=off)
-            voiced = [g.follow_corr for r, g in zip(talked, copy_talked, strict=True)
-                      if r.ref_db <= -99.0 and g.level_db > -45.0]
-            caller_share.append(float(np.mean(np.array(voiced) >= 0.85)))
-        return echo_share, caller_share, lags
+        return _follow_shares(echo, settings, np.arange(1.2, 2.81, 0.2), lock_off=off)
 
     right = _paused_line(echo[16000:], 2.0, 3.5)[2].lag_hops(0)  # the lock the real row keeps
     assert right is not None
-    echo_off, caller_off, lags = shares(EchoGateSettings(follow_locked_hops=None))
+    # The lock alone (follow_search_locked off): searching the range finds the echo anyway.
+    echo_off, caller_off, lags = shares(EchoGateSettings(follow_locked_hops=None,
+                                                         follow_search_locked=False))
     assert lags == {right + off} and float(np.mean(echo_off)) <= 0.15, echo_off
-    echo_share, caller_share, lags = shares(EchoGateSettings())
+    echo_share, caller_share, lags = shares(EchoGateSettings(follow_search_locked=False))
     assert right in lags and lags <= {right, right + off}
     assert float(np.mean(echo_share)) >= (0.75 if off == 3 else 0.95), echo_share
     assert float(np.mean(caller_share)) <= max(0.05, float(np.mean(caller_off))), caller_share
