@@ -639,19 +639,20 @@ class EchoGateBank:
             follow[haunted] = self._follow(rows[haunted], h0[haunted] + nh, lag[haunted])
         step = self.settings.follow_unlocked_hops
         # A locked copy searches too (follow_search_locked): the path may have moved since.
-        lost = np.flatnonzero(ghost & (~locked | self.settings.follow_search_locked))
-        if step is not None and len(lost):
+        searched = np.flatnonzero(ghost & (~locked | self.settings.follow_search_locked))
+        if step is not None and len(searched):
             at = np.arange(0, self._nlag, step)
-            r = self._follow(rows[lost], h0[lost] + nh, np.tile(at, (len(lost), 1)))
+            r = self._follow(rows[searched], h0[searched] + nh, np.tile(at, (len(searched), 1)))
             # Read at the lag the windows before this one followed best, summed since the fork:
             # the best lag of each window alone finds some lag that a caller's envelope
             # follows by chance on 30 % of their windows (r >= 0.85; 2 % read so, as at a
             # locked delay), the echo going on at its own lag on 95-100 % either way.
-            seen = self._ghost_lagsum[rows[lost][:, None], at[None, :]]
+            seen = self._ghost_lagsum[rows[searched][:, None], at[None, :]]
             pick = np.argmax(seen, axis=1)
-            picked = np.where(seen.max(axis=1) > 0.0, r[np.arange(len(lost)), pick], 0.0)
-            follow[lost] = np.where(locked[lost], np.maximum(follow[lost], picked), picked)
-            self._ghost_lagsum[rows[lost][:, None], at[None, :]] = seen + r
+            picked = np.where(seen.max(axis=1) > 0.0, r[np.arange(len(searched)), pick], 0.0)
+            at_lock = follow[searched]  # a locked copy's reading at its lock (0 with none)
+            follow[searched] = np.where(locked[searched], np.maximum(at_lock, picked), picked)
+            self._ghost_lagsum[rows[searched][:, None], at[None, :]] = seen + r
         # Hops now behind the lag range and the fit's history: zero them for the ring's next lap.
         gone = (((h0[:, None] + np.arange(nh)[None, :] - (nlag - 1) - self._kx) & _MASK)
                 + (rows * _RING)[:, None])
