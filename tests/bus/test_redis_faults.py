@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from bus import CRITICAL_TYPES, Bus, CallInfo, RedisBus
+from bus._redis import _cancel
 from bus._retry import Op, OutboundBuffer
 from tests.redis_server import RedisServer
 
@@ -352,10 +353,13 @@ async def test_live_worker_keeps_its_call_past_the_lease(redis_server: RedisServ
                 assert 0 < await raw.pttl("cgt:{CA1}:owner") <= 400
                 await asyncio.sleep(0.05)  # sampling the lease, not synchronising
             assert claimed["w2"] == []
-            # w1 freezes (its tasks stop, nothing is handed back): w2 takes over.
+            # w1 freezes (its tasks stop, nothing is handed back): w2 takes over. Cancelled until
+            # it takes (``_cancel``): on Python 3.11 redis-py's wait_for swallows a cancel that
+            # lands as a reply arrives, and one plain cancel() left w1's heartbeat renewing the
+            # lease for good (1 run in ~30 beside two busy loops: owner still w1 after 5 s).
             assert w1._heartbeat is not None
-            w1._heartbeat.cancel()
-            t1.cancel()
+            await _cancel(w1._heartbeat)
+            await _cancel(t1)
             await eventually(lambda: claimed["w2"] == ["CA1"], 5, "takeover after the lease")
             assert w2.stats()["calls_claimed"] == w2.stats()["orphans_claimed"] == 1
             assert w1.stats()["calls_claimed"] == 1 and w1.stats()["orphans_claimed"] == 0
