@@ -235,11 +235,14 @@ def _barge_in(params: dict[str, Any]) -> dict[str, Any]:
 def window_inputs(rows: np.ndarray, params: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
     """Each logged window as the policy's step gets it: (t_ms, prob, gate, features, bot,
     clean_prob); the gate's ``passes`` recomputed for ``params``' echo margins."""
-    from vad import BotState, GateReading, WindowFeatures
+    from vad import BotState, BotView, GateReading, WindowFeatures
 
     e = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("echo.")}
     em, nm = e.get("echo_margin_db", 8.0), e.get("noise_margin_db", 6.0)
-    bots = (BotState.SILENT, BotState.INTERRUPTIBLE, BotState.NON_INTERRUPTIBLE)
+    # The views a bare BotState implies, made once: the policy made one on every step, a sixth
+    # of tests/vad/test_fit.py's rerun of the search (profiled).
+    bots = tuple(BotView.of(b) for b in (BotState.SILENT, BotState.INTERRUPTIBLE,
+                                          BotState.NON_INTERRUPTIBLE))
     for r in rows:
         (t, prob, clean, level, echo, noise, locked, free, band, ref, erl, corr, unexp, prior,
          prior_fit, match, voicing, dtmf, bot) = r
@@ -263,7 +266,7 @@ def _first_stop(rows: np.ndarray, params: dict[str, Any], classifier: Any = None
     for t, prob, gate, feat, bot, clean in (window_inputs(rows, params) if inputs is None
                                             else inputs):
         out = policy.step(prob, gate, feat, bot, clean_prob=clean)
-        if any(e.kind in (Decision.PAUSE, Decision.COMMIT) for e in out):
+        if out and any(e.kind in (Decision.PAUSE, Decision.COMMIT) for e in out):
             return float(t)
     return None
 
