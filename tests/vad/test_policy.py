@@ -910,6 +910,38 @@ def test_the_classifier_veto_holds_a_window_the_paths_take() -> None:
     assert run(0.05, CALLER) == [Decision.SPEECH_STARTED, Decision.PAUSE]
 
 
+def test_the_veto_is_stricter_in_a_pause_whose_lag_range_has_drained() -> None:
+    """``classifier_drained_veto``: once none of the bot's audio is in the echo's lag range, a
+    paused window the classifier scores under it is no speech towards ``commit_ms``, though it
+    still holds the pause (``max_pause_ms`` commits it in the end); with bot audio in range,
+    or ``classifier_drained_noise_db`` over the noise floor, ``classifier_veto`` alone
+    applies."""
+    echoing = replace(CALLER, ref_db=-16.0, erl_db=30.0, echo_db=-46.0, unexplained_db=-20.0)
+    assert CALLER.ref_db <= -99.0  # nothing of the bot's in the lag range
+
+    def pause(drained: float | None, score: float, gate: GateReading,
+              windows: int) -> list[Decision]:
+        policy = BargeInPolicy(BargeInSettings(classifier_veto=0.5,
+                                               classifier_drained_veto=drained), _sure(score))
+        out = [d for _ in range(2)
+               for d in policy.step(0.95, echoing, VOICED, PLAYING, clean_prob=0.9)]
+        out += [d for _ in range(windows)
+                for d in policy.step(0.95, gate, VOICED, HELD, clean_prob=0.9)]
+        return kinds(out)
+
+    started = [Decision.SPEECH_STARTED, Decision.PAUSE]
+    assert pause(0.7, 0.6, CALLER, 30) == started  # held back, the pause held: no resume
+    assert pause(0.7, 0.8, CALLER, 30) == started + [Decision.COMMIT]
+    assert pause(None, 0.6, CALLER, 30) == started + [Decision.COMMIT]  # classifier_veto's
+    assert pause(0.7, 0.6, echoing, 30) == started + [Decision.COMMIT]  # bot audio in range
+    assert pause(0.7, 0.6, CALLER, 2600 // 32) == started + [Decision.COMMIT]  # max_pause_ms
+    # classifier_drained_noise_db (20 dB): CALLER stands 15 dB over the floor; 25 dB over it
+    # the window counts at classifier_veto.
+    assert CALLER.level_db - CALLER.noise_db < 20.0
+    loud = replace(CALLER, noise_db=-45.0)
+    assert pause(0.7, 0.6, loud, 30) == started + [Decision.COMMIT]
+
+
 def test_the_classifier_fast_path_waits_for_bot_audio_in_the_lag_range() -> None:
     silent = replace(HELD_BY_PATHS, ref_db=-100.0, passes=True)  # features computed, no path
     assert wants_features(silent, -55.0)
