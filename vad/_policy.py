@@ -28,7 +28,8 @@ cheap acoustic features. From them :class:`BargeInPolicy` decides, in this order
    With an echo canceller in front, and where the settings ask for it (on by default since
    session 12; YAML ``classifier: off``), a small fitted network (:class:`CallerClassifier`)
    has the last word: a window it scores ``classifier_on`` is the caller whatever the paths
-   say, one the paths take that it scores under ``classifier_veto`` is not.
+   say, one the paths take that it scores under ``classifier_veto`` is not (under
+   ``classifier_drained_veto`` in a pause once the bot's audio has left the lag range).
 2. **Has the caller started talking?** ``start_windows`` caller windows in a row (64 ms by
    default) start a speech turn; ``stop_windows`` windows without speech end it.
 3. **What happens to the bot?** If an *interruptible* utterance is on the line when the caller
@@ -804,7 +805,9 @@ class BargeInPolicy:
     def _classified(self, caller: bool, prob: float, gate: GateReading, feat: WindowFeatures,
                     clean_prob: float | None) -> bool:
         """The classifier's say on the window the paths judged ``caller``: its fast path
-        (``classifier_on``) and its veto (``classifier_veto``). Only with an echo canceller in
+        (``classifier_on``) and its veto (``classifier_veto``; ``classifier_drained_veto`` in a
+        pause whose lag range has drained, under ``classifier_drained_noise_db`` over the
+        noise floor). Only with an echo canceller in
         front, as the echo veto (``echo_canceller: off`` stays the echo gate's decision), and
         only while bot audio is in the echo's lag range or the bot is paused for the caller:
         with the bot silent otherwise there is nothing to tell the caller from, and the veto
